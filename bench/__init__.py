@@ -1,0 +1,1 @@
+"""The bench CLI: decode-step comparisons, memory model, reports and plots."""

@@ -1,0 +1,1 @@
+"""Measurement, sweeps, the profile database and export of tuned tables."""
