@@ -1,0 +1,275 @@
+"""Input validation of the four contract functions (DESIGN.md, "The functional contract").
+
+Every backend calls these before any work, so a bad input gets a ValueError that names the
+argument instead of a wrong answer or an illegal address.
+
+Checks that depend only on shapes, dtypes, devices, strides and Python arguments always run.
+Checks that depend on tensor *values* (ctx_lens against the capacity, page ids and slots in range,
+num_new in [0, T]) run only when the tensors are on the CPU: reading device memory would make the
+host wait for the GPU, and a decode step must never do that (nor could it inside a CUDA graph).
+On the GPU those conditions are the caller's responsibility; the reference clamps what it can so
+that a violation gives wrong numbers rather than an out-of-range access where it cheaply can.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from kernels.spec import REFERENCE_DTYPES, is_power_of_two, resolve_window
+
+_FLOAT_DTYPES = tuple(getattr(torch, name) for name in REFERENCE_DTYPES)
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Sizes of one attention call, resolved from its arguments."""
+
+    batch: int
+    block_size: int  # Qb
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    group: int
+    page_size: int | None  # None for the arena layout
+    capacity: int  # tokens addressable per request: table columns * page_size, or max_ctx
+    mask: str
+    window: int | None  # None for mask="full"
+    scale: float
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class StoreDims:
+    """Sizes of one context-store call."""
+
+    batch: int
+    rows: int  # T: rows per request in k_new / v_new
+    num_kv_heads: int
+    head_dim: int
+    page_size: int | None
+    capacity: int
+    dtype: torch.dtype
+
+
+# ---------------------------------------------------------------------------------------------
+# Small checks, each naming the argument it rejects.
+
+
+def _tensors(**named) -> None:
+    for name, (t, ndim) in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != ndim:
+            raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+
+
+def _same_device(ref_name: str, ref: torch.Tensor, **others: torch.Tensor) -> None:
+    for name, t in others.items():
+        if t.device != ref.device:
+            raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}")
+
+
+def _float_dtype(ref_name: str, ref: torch.Tensor, **others: torch.Tensor) -> None:
+    if ref.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"{ref_name} must be one of {', '.join(REFERENCE_DTYPES)}, got {ref.dtype}")
+    for name, t in others.items():
+        if t.dtype != ref.dtype:
+            raise ValueError(f"{name} has dtype {t.dtype} but {ref_name} has {ref.dtype}; they must match")
+
+
+def _int32(**named: torch.Tensor) -> None:
+    for name, t in named.items():
+        if t.dtype != torch.int32:
+            raise ValueError(f"{name} must be int32, got {t.dtype}")
+
+
+def _shape(name: str, t: torch.Tensor, **expected: int) -> None:
+    if tuple(t.shape) != tuple(expected.values()):
+        want = ", ".join(f"{k}={v}" for k, v in expected.items())
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected [{want}]")
+
+
+def _contiguous(**named: torch.Tensor) -> None:
+    # Kernels address raw pointers with packed strides.
+    for name, t in named.items():
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (strides {t.stride()} for shape {tuple(t.shape)})")
+
+
+def _positive_sizes(name: str, t: torch.Tensor, **sizes: int) -> None:
+    for what, n in sizes.items():
+        if n <= 0:
+            raise ValueError(f"{name} has {what}={n}; it must be at least 1 (shape {tuple(t.shape)})")
+
+
+def _scale(scale, head_dim: int) -> float:
+    if scale is None:
+        return head_dim**-0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a positive finite number or None, got {scale!r}")
+    return float(scale)
+
+
+def _on_host(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu"
+
+
+# ---------------------------------------------------------------------------------------------
+# Value checks (CPU tensors only; see the module docstring).
+
+
+def _check_lengths(ctx_lens: torch.Tensor, capacity: int, cap_arg: str, extra=None, extra_name="") -> None:
+    lens = ctx_lens.long()
+    if (lens < 0).any():
+        b = int(torch.nonzero(lens < 0)[0])
+        raise ValueError(f"ctx_lens[{b}]={int(lens[b])} is negative")
+    end = lens if extra is None else lens + extra.long()
+    if (end > capacity).any():
+        b = int(torch.nonzero(end > capacity)[0])
+        what = f"ctx_lens[{b}]={int(lens[b])}"
+        if extra is not None:
+            what += f" + {extra_name}[{b}]={int(extra[b])}"
+        raise ValueError(f"{what} exceeds the capacity of {cap_arg} ({capacity} tokens)")
+
+
+def _check_pages_in_range(block_table: torch.Tensor, end: torch.Tensor, page_size: int, num_pages: int) -> None:
+    # Only the columns that hold tokens [0, end) must be valid page ids; the rest may be garbage.
+    used = (end.long()[:, None] + page_size - 1) // page_size > torch.arange(block_table.shape[1])
+    bad = used & ((block_table < 0) | (block_table >= num_pages))
+    if bad.any():
+        b, c = (int(i) for i in torch.nonzero(bad)[0])
+        raise ValueError(
+            f"block_table[{b}, {c}]={int(block_table[b, c])} is not a page id in [0, {num_pages}) "
+            f"but request {b} uses that column"
+        )
+
+
+def _check_slots_in_range(slots: torch.Tensor, num_slots: int) -> None:
+    bad = (slots < 0) | (slots >= num_slots)
+    if bad.any():
+        b = int(torch.nonzero(bad)[0])
+        raise ValueError(f"slots[{b}]={int(slots[b])} is not a slot in [0, {num_slots})")
+
+
+# ---------------------------------------------------------------------------------------------
+# The shared halves: the query block, and each cache layout.
+
+
+def _check_block(q, k_blk, v_blk, mask, window, scale):
+    _tensors(q=(q, 4), k_blk=(k_blk, 4), v_blk=(v_blk, 4))
+    _same_device("q", q, k_blk=k_blk, v_blk=v_blk)
+    _float_dtype("q", q, k_blk=k_blk, v_blk=v_blk)
+    B, Qb, Hq, D = q.shape
+    _positive_sizes("q", q, block_size=Qb, num_q_heads=Hq, head_dim=D)
+    Hkv = k_blk.shape[2]
+    _positive_sizes("k_blk", k_blk, num_kv_heads=Hkv)
+    _shape("k_blk", k_blk, B=B, Qb=Qb, Hkv=Hkv, D=D)
+    _shape("v_blk", v_blk, B=B, Qb=Qb, Hkv=Hkv, D=D)
+    if Hq % Hkv:
+        raise ValueError(f"q has {Hq} heads, not a multiple of the {Hkv} KV heads of k_blk")
+    _contiguous(q=q, k_blk=k_blk, v_blk=v_blk)
+    window = resolve_window(mask, window)
+    return B, Qb, Hq, Hkv, D, window, _scale(scale, D)
+
+
+def _check_paged_cache(ref_name, ref, B, Hkv, D, k_pages, v_pages, block_table, ctx_lens):
+    """Layout checks of a paged cache; returns (page_size, capacity)."""
+    _tensors(k_pages=(k_pages, 4), v_pages=(v_pages, 4), block_table=(block_table, 2), ctx_lens=(ctx_lens, 1))
+    _same_device(ref_name, ref, k_pages=k_pages, v_pages=v_pages, block_table=block_table, ctx_lens=ctx_lens)
+    _float_dtype(ref_name, ref, k_pages=k_pages, v_pages=v_pages)
+    _int32(block_table=block_table, ctx_lens=ctx_lens)
+    num_pages, _, page_size, _ = k_pages.shape
+    _shape("k_pages", k_pages, num_pages=num_pages, Hkv=Hkv, page_size=page_size, D=D)
+    _shape("v_pages", v_pages, num_pages=num_pages, Hkv=Hkv, page_size=page_size, D=D)
+    if not is_power_of_two(page_size):
+        raise ValueError(f"k_pages has page_size={page_size} (dim 2); it must be a power of two")
+    max_pages = block_table.shape[1]
+    _shape("block_table", block_table, B=B, max_pages=max_pages)
+    _shape("ctx_lens", ctx_lens, B=B)
+    if max_pages and not num_pages:
+        raise ValueError("k_pages has no pages but block_table has columns")
+    _contiguous(k_pages=k_pages, v_pages=v_pages, block_table=block_table, ctx_lens=ctx_lens)
+    return page_size, max_pages * page_size
+
+
+def _check_arena_cache(ref_name, ref, B, Hkv, D, k_arena, v_arena, slots, ctx_lens):
+    """Layout checks of an arena cache; returns its capacity (max_ctx)."""
+    _tensors(k_arena=(k_arena, 4), v_arena=(v_arena, 4), slots=(slots, 1), ctx_lens=(ctx_lens, 1))
+    _same_device(ref_name, ref, k_arena=k_arena, v_arena=v_arena, slots=slots, ctx_lens=ctx_lens)
+    _float_dtype(ref_name, ref, k_arena=k_arena, v_arena=v_arena)
+    _int32(slots=slots, ctx_lens=ctx_lens)
+    num_slots, max_ctx = k_arena.shape[:2]
+    _shape("k_arena", k_arena, num_slots=num_slots, max_ctx=max_ctx, Hkv=Hkv, D=D)
+    _shape("v_arena", v_arena, num_slots=num_slots, max_ctx=max_ctx, Hkv=Hkv, D=D)
+    _shape("slots", slots, B=B)
+    _shape("ctx_lens", ctx_lens, B=B)
+    if B and not num_slots:
+        raise ValueError("k_arena has no slots")
+    _contiguous(k_arena=k_arena, v_arena=v_arena, slots=slots, ctx_lens=ctx_lens)
+    return max_ctx
+
+
+# ---------------------------------------------------------------------------------------------
+# The four entry points.
+
+
+def check_paged(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask="full", window=None, scale=None) -> Dims:
+    """Validate the arguments of `paged_attention`; value checks only for CPU tensors."""
+    B, Qb, Hq, Hkv, D, window, scale = _check_block(q, k_blk, v_blk, mask, window, scale)
+    ps, cap = _check_paged_cache("q", q, B, Hkv, D, k_pages, v_pages, block_table, ctx_lens)
+    if _on_host(q):
+        _check_lengths(ctx_lens, cap, "block_table")
+        _check_pages_in_range(block_table, ctx_lens, ps, k_pages.shape[0])
+    return Dims(B, Qb, Hq, Hkv, D, Hq // Hkv, ps, cap, mask, window, scale, q.dtype)
+
+
+def check_arena(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, mask="full", window=None, scale=None) -> Dims:
+    """Validate the arguments of `arena_attention`; value checks only for CPU tensors."""
+    B, Qb, Hq, Hkv, D, window, scale = _check_block(q, k_blk, v_blk, mask, window, scale)
+    cap = _check_arena_cache("q", q, B, Hkv, D, k_arena, v_arena, slots, ctx_lens)
+    if _on_host(q):
+        _check_lengths(ctx_lens, cap, "k_arena")
+        _check_slots_in_range(slots, k_arena.shape[0])
+    return Dims(B, Qb, Hq, Hkv, D, Hq // Hkv, None, cap, mask, window, scale, q.dtype)
+
+
+def _check_new_rows(k_new, v_new, num_new):
+    _tensors(k_new=(k_new, 4), v_new=(v_new, 4), num_new=(num_new, 1))
+    _same_device("k_new", k_new, v_new=v_new, num_new=num_new)
+    _float_dtype("k_new", k_new, v_new=v_new)
+    _int32(num_new=num_new)
+    B, T, Hkv, D = k_new.shape
+    _positive_sizes("k_new", k_new, num_kv_heads=Hkv, head_dim=D)
+    _shape("v_new", v_new, B=B, T=T, Hkv=Hkv, D=D)
+    _shape("num_new", num_new, B=B)
+    _contiguous(k_new=k_new, v_new=v_new, num_new=num_new)
+    if _on_host(num_new) and ((num_new < 0) | (num_new > T)).any():
+        b = int(torch.nonzero((num_new < 0) | (num_new > T))[0])
+        raise ValueError(f"num_new[{b}]={int(num_new[b])} is outside [0, T={T}]")
+    return B, T, Hkv, D
+
+
+def check_store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens) -> StoreDims:
+    """Validate the arguments of `store_paged`; value checks only for CPU tensors."""
+    B, T, Hkv, D = _check_new_rows(k_new, v_new, num_new)
+    ps, cap = _check_paged_cache("k_new", k_new, B, Hkv, D, k_pages, v_pages, block_table, ctx_lens)
+    if _on_host(k_new):
+        _check_lengths(ctx_lens, cap, "block_table", num_new, "num_new")
+        _check_pages_in_range(block_table, ctx_lens.long() + num_new.long(), ps, k_pages.shape[0])
+    return StoreDims(B, T, Hkv, D, ps, cap, k_new.dtype)
+
+
+def check_store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens) -> StoreDims:
+    """Validate the arguments of `store_arena`; value checks only for CPU tensors."""
+    B, T, Hkv, D = _check_new_rows(k_new, v_new, num_new)
+    cap = _check_arena_cache("k_new", k_new, B, Hkv, D, k_arena, v_arena, slots, ctx_lens)
+    if _on_host(k_new):
+        _check_lengths(ctx_lens, cap, "k_arena", num_new, "num_new")
+        _check_slots_in_range(slots, k_arena.shape[0])
+        # Two requests writing one slot would race; reading one slot twice (attention) is fine.
+        if torch.unique(slots).numel() != B:
+            raise ValueError(f"slots must be distinct for a store, got {slots.tolist()}")
+    return StoreDims(B, T, Hkv, D, None, cap, k_new.dtype)
