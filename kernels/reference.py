@@ -42,8 +42,11 @@ def _visible(ctx_lens: torch.Tensor, d: Dims) -> torch.Tensor:
 def _attend(q, k_blk, v_blk, k_ctx, v_ctx, ctx_lens, d: Dims) -> torch.Tensor:
     """Attention of the block over [context (gathered to capacity) ; block], in float32."""
     B, Qb, Hkv, G, D = d.batch, d.block_size, d.num_kv_heads, d.group, d.head_dim
-    keys = torch.cat([k_ctx, k_blk], dim=1).float()  # [B, cap+Qb, Hkv, D]
-    vals = torch.cat([v_ctx, v_blk], dim=1).float()
+    # Rows past P_b are never written in a real pool (uninitialised memory, maybe NaN/Inf), and
+    # masking scores alone is not enough: 0 * NaN = NaN in probs @ V. Zero them.
+    written = (torch.arange(d.capacity, device=q.device)[None, :] < ctx_lens.long()[:, None])[:, :, None, None]
+    keys = torch.cat([torch.where(written, k_ctx, 0), k_blk], dim=1).float()  # [B, cap+Qb, Hkv, D]
+    vals = torch.cat([torch.where(written, v_ctx, 0), v_blk], dim=1).float()
     # GQA: query head h = kv * G + g uses KV head h // G = kv.
     qg = q.float().view(B, Qb, Hkv, G, D)
     scores = torch.einsum("bihgd,bkhd->bhgik", qg, keys) * d.scale  # [B, Hkv, G, Qb, cap+Qb]
