@@ -5,9 +5,9 @@ import contextlib
 import pytest
 import torch
 
-from helpers import make_generator, random_block
+from helpers import dense_into_arena, make_generator, random_block
 from kernels import reference
-from kernels.cache import random_arena_context, random_paged_context
+from kernels.cache import paged_to_dense, random_arena_context, random_paged_context
 from kernels.spec import Geometry
 
 pytestmark = pytest.mark.gpu
@@ -28,11 +28,12 @@ def sync_forbidden():
 
 
 def _inputs(mask, window, seed=0):
-    """One decode step's inputs on the GPU for both layouts (the store has room for T rows)."""
+    """One decode step's inputs on the GPU, the same context in both layouts (room for T new rows)."""
     g = Geometry(32, 8, 128, 16, mask, window)
     gen = make_generator(seed)
     paged = random_paged_context(g, LENS, PS, "cuda", gen, extra_pages=T // PS)
     arena = random_arena_context(g, LENS, max(LENS) + T, "cuda", gen)
+    dense_into_arena(*arena[:3], *paged_to_dense(*paged))  # the same logical context
     q, k_blk, v_blk = random_block(g, len(LENS), "cuda", gen)
     _, k_new, v_new = random_block(g, len(LENS), "cuda", gen)
     num_new = torch.tensor([16, 0, 1, 5, 16], dtype=torch.int32, device="cuda")
@@ -96,3 +97,10 @@ def test_cuda_graph_replay_matches_eager(mask, window):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
     for got, want in zip(paged + arena, eager_state):
         assert torch.equal(got, want)
+
+
+def test_sync_detector_works():
+    """Control: the detector used above does catch a blocking read of device memory."""
+    x = torch.ones(1, device="cuda")
+    with pytest.raises(RuntimeError), sync_forbidden():
+        x.item()
