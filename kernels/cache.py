@@ -212,7 +212,12 @@ class ArenaKVCache:
 
 
 def _randn(shape, geometry: Geometry, device, generator) -> torch.Tensor:
-    return torch.randn(shape, generator=generator).to(device=device, dtype=geometry.torch_dtype)
+    # Draw on the target device from a seed taken off `generator`: GB-sized benchmark caches
+    # would take minutes on the CPU, and the data stays a function of the caller's seed.
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    device = torch.device(device)
+    local = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn(shape, generator=local, device=device, dtype=geometry.torch_dtype)
 
 
 def random_paged_context(geometry: Geometry, ctx_lens: list[int], page_size: int, device, generator,

@@ -1,0 +1,455 @@
+// Drafter-block attention over a paged or arena KV cache, plus the split-KV combine and the
+// context store. One source for both cache layouts: PAGE_SIZE > 0 selects paged addressing
+// ([num_pages, Hkv, PAGE_SIZE, D] pages through a block table), PAGE_SIZE == 0 the dense arena
+// ([num_slots, max_ctx, Hkv, D] through a slot id). Nothing else differs, so a paged-vs-arena
+// timing measures paging and nothing else.
+//
+// Compile-time knobs (NVRTC -D): DTYPE_BF16 (1 bf16, 0 fp16), HEAD_DIM, PAGE_SIZE, TILE_N (keys
+// per pipeline stage), NUM_WARPS (16 packed query rows per warp), STAGES (cp.async depth),
+// Q_SMEM (Q kept in shared memory instead of registers).
+//
+// One CTA = one (request b, KV head, KV split). Its Qb*G query rows (all query heads sharing the KV
+// head, for every block position) form one M-tile, so each K/V byte is read once per split and
+// fed to tensor cores (mma.m16n8k16, fp32 accumulate). Scores live in the log2 domain
+// (scale * log2 e folded in), softmax is online (FlashAttention-2 style) per warp.
+#include "common.cuh"
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef PAGE_SIZE
+#define PAGE_SIZE 0
+#endif
+#ifndef TILE_N
+#define TILE_N 64
+#endif
+#ifndef NUM_WARPS
+#define NUM_WARPS 4
+#endif
+#ifndef STAGES
+#define STAGES 3
+#endif
+#ifndef Q_SMEM
+#define Q_SMEM 0
+#endif
+
+using namespace drafter;
+
+namespace {
+constexpr int D = HEAD_DIM;
+constexpr int N = TILE_N;
+constexpr int NT = NUM_WARPS * 32;
+constexpr int ROW_STRIDE = D + 8;  // +16 bytes per smem row: ldmatrix rows hit distinct banks
+constexpr int TILE_ELEMS = N * ROW_STRIDE;
+constexpr int CPR = D / 8;  // 16-byte chunks per K/V row
+constexpr int CHUNKS = N * CPR;
+// Load mapping. CONTIG: CPR threads share a row (coalesced), and each thread walks ITERS
+// consecutive rows, so for page sizes >= ITERS a thread's rows sit in one page: one page-id
+// lookup per thread per tile. Otherwise rows are strided by NT / CPR.
+constexpr bool CONTIG = NT % CPR == 0 && N % (NT / CPR) == 0;
+constexpr int ITERS = CONTIG ? N / (NT / CPR) : (CHUNKS + NT - 1) / NT;
+constexpr int KSTEPS = D / 16;
+constexpr int NTILES = N / 8;
+constexpr int DTILES = D / 8;
+// Page ids a thread needs per tile: one when its rows never cross a page, else one per row.
+constexpr int PG = (PAGE_SIZE == 0 || PAGE_SIZE >= N || (CONTIG && PAGE_SIZE >= ITERS)) ? 1 : ITERS;
+
+__device__ __forceinline__ int load_row(int tid, int it) {
+  return CONTIG ? (tid / CPR) * ITERS + it : (tid + it * NT) / CPR;
+}
+
+static_assert(D % 16 == 0 && N % 16 == 0, "tile shapes must be multiples of 16");
+static_assert(NT % CPR == 0, "a thread must keep its column across load iterations");
+static_assert(PAGE_SIZE == 0 || (PAGE_SIZE & (PAGE_SIZE - 1)) == 0, "page size: power of two");
+
+enum { MASK_FULL = 0, MASK_SLIDING = 1, MASK_SLIDING_CAUSAL = 2 };
+
+// Element offset of row `kp` of KV head `kvh` inside the cache. `loc` is the page id (paged) or
+// the slot id (arena).
+__device__ __forceinline__ long long cache_offset(int loc, int kvh, int hkv, int kp, int max_ctx) {
+#if PAGE_SIZE > 0
+  (void)max_ctx;
+  return ((static_cast<long long>(loc) * hkv + kvh) * PAGE_SIZE + (kp & (PAGE_SIZE - 1))) * D;
+#else
+  return ((static_cast<long long>(loc) * max_ctx + kp) * hkv + kvh) * D;
+#endif
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+    drafter_attention(const elem_t* __restrict__ q, const elem_t* __restrict__ k_blk,
+                      const elem_t* __restrict__ v_blk, const elem_t* __restrict__ k_cache,
+                      const elem_t* __restrict__ v_cache, const int* __restrict__ table,
+                      const int* __restrict__ ctx_lens, elem_t* __restrict__ out,
+                      float* __restrict__ o_part, float* __restrict__ lse_part, int qb, int hq,
+                      int hkv, int group, int table_stride, int capacity, int max_ctx,
+                      int mask_mode, int window, float scale_log2) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  elem_t* sK = reinterpret_cast<elem_t*>(smem_raw);  // [STAGES][N][ROW_STRIDE]
+  elem_t* sV = sK + STAGES * TILE_ELEMS;
+
+  const int split = blockIdx.x, num_splits = gridDim.x;
+  const int kvh = blockIdx.y, b = blockIdx.z, batch = gridDim.z;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int M = qb * group;
+
+  // ---- this CTA's share of the context: tiles [t0, t1), plus the block's own K/V if last split
+  const int P = max(0, min(ctx_lens[b], capacity));
+  const bool windowed = mask_mode != MASK_FULL;
+  // Row i sees context keys kp > P + i - window; row 0 has the leftmost edge. Tiles left of it
+  // are skipped, so a windowed layer costs O(window), not O(context).
+  const int lo = windowed ? max(0, P - window + 1) : 0;
+  const int t_lo = lo / N, t_hi = (P + N - 1) / N;
+  const int n_ctx = t_hi - t_lo;
+  const int t0 = t_lo + static_cast<int>(static_cast<long long>(n_ctx) * split / num_splits);
+  const int t1 = t_lo + static_cast<int>(static_cast<long long>(n_ctx) * (split + 1) / num_splits);
+  const int n_ctx_here = t1 - t0;
+  const bool has_block = split == num_splits - 1;
+  const int n_iter = n_ctx_here + (has_block ? 1 : 0);
+  const int* trow = table + static_cast<long long>(b) * table_stride;
+
+  // ---- Q: A operand of S = Q K^T. Kept in registers, or (Q_SMEM, for many-warp CTAs whose
+  // per-thread register budget is small) in shared memory behind the K/V stages, re-read per tile.
+  const int g = lane >> 2, t4 = lane & 3;
+  const int r0 = warp * 16 + g, r1 = r0 + 8;
+  const int i0 = min(r0 / group, qb - 1), i1 = min(r1 / group, qb - 1);
+#if Q_SMEM
+  elem_t* sQ = sV + STAGES * TILE_ELEMS;  // [NUM_WARPS*16][ROW_STRIDE]
+  for (int c = tid; c < NUM_WARPS * 16 * CPR; c += NT) {
+    const int r = c / CPR, col = (c % CPR) * 8;
+    const int i = min(r / group, qb - 1);
+    const elem_t* src = q + ((static_cast<long long>(b) * qb + i) * hq + kvh * group + r % group) * D + col;
+    cp_async_16(sQ + r * ROW_STRIDE + col, r < M ? src : q, r < M);
+  }
+  // committed together with the first K/V group; visible after the first wait + barrier
+#else
+  unsigned qf[KSTEPS][4];
+  {
+    const elem_t* q0 = q + ((static_cast<long long>(b) * qb + i0) * hq + kvh * group + r0 % group) * D;
+    const elem_t* q1 = q + ((static_cast<long long>(b) * qb + i1) * hq + kvh * group + r1 % group) * D;
+    const bool v0 = r0 < M, v1 = r1 < M;
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+      const int c = ks * 16 + 2 * t4;
+      qf[ks][0] = v0 ? *reinterpret_cast<const unsigned*>(q0 + c) : 0u;
+      qf[ks][1] = v1 ? *reinterpret_cast<const unsigned*>(q1 + c) : 0u;
+      qf[ks][2] = v0 ? *reinterpret_cast<const unsigned*>(q0 + c + 8) : 0u;
+      qf[ks][3] = v1 ? *reinterpret_cast<const unsigned*>(q1 + c + 8) : 0u;
+    }
+  }
+#endif
+
+  // ---- loaders. Tile v < n_ctx_here is context tile t0 + v; tile n_ctx_here is the block.
+  auto lookup = [&](int v, int (&pg)[PG]) {
+    if (v >= n_ctx_here) return;
+#if PAGE_SIZE > 0
+    const int kstart = (t0 + v) * N;
+    if (PG == 1) {
+      // first row of this thread (kstart < P <= capacity when a tile fits in a page)
+      const int kp = kstart + (PAGE_SIZE >= N ? 0 : load_row(tid, 0));
+      pg[0] = kp < P ? trow[kp / PAGE_SIZE] : 0;  // never read table entries past P
+    } else {
+#pragma unroll
+      for (int it = 0; it < PG; ++it) {
+        const int kp = kstart + load_row(tid, it);
+        pg[it] = kp < P ? trow[kp / PAGE_SIZE] : 0;
+      }
+    }
+#else
+    pg[0] = trow[0];  // the slot
+#endif
+  };
+  auto issue = [&](int v, int stage, const int (&pg)[PG]) {
+    elem_t* dK = sK + stage * TILE_ELEMS;
+    elem_t* dV = sV + stage * TILE_ELEMS;
+    const bool is_block = v >= n_ctx_here;
+    const int kstart = (t0 + v) * N;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      if (CONTIG || CHUNKS % NT == 0 || tid + it * NT < CHUNKS) {
+        const int row = load_row(tid, it), col = (tid % CPR) * 8;
+        long long off;
+        bool valid;
+        const elem_t *baseK, *baseV;
+        if (is_block) {
+          valid = row < qb;
+          off = ((static_cast<long long>(b) * qb + (valid ? row : 0)) * hkv + kvh) * D + col;
+          baseK = k_blk;
+          baseV = v_blk;
+        } else {
+          const int kp = kstart + row;
+          valid = kp < P;
+          off = valid ? cache_offset(pg[PG == 1 ? 0 : it], kvh, hkv, kp, max_ctx) + col : 0;
+          baseK = k_cache;
+          baseV = v_cache;
+        }
+        cp_async_16(dK + row * ROW_STRIDE + col, baseK + off, valid);
+        cp_async_16(dV + row * ROW_STRIDE + col, baseV + off, valid);
+      }
+    }
+  };
+
+  float o[DTILES][4];
+#pragma unroll
+  for (int d = 0; d < DTILES; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+  int pg[PG];
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < n_iter) {
+      lookup(s, pg);
+      issue(s, s, pg);
+    }
+    cp_async_commit();
+  }
+  if (STAGES - 1 < n_iter) lookup(STAGES - 1, pg);
+
+  for (int v = 0; v < n_iter; ++v) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // tile v visible to all; stage (v-1)%STAGES free for reuse
+    {
+      const int vn = v + STAGES - 1;
+      if (vn < n_iter) issue(vn, vn % STAGES, pg);
+      cp_async_commit();
+      // Page ids for the tile after: loads stay in flight while this tile computes.
+      if (vn + 1 < n_iter) lookup(vn + 1, pg);
+    }
+    if (warp * 16 >= M) continue;  // a warp with no query rows only helps load
+    const int stage = v % STAGES;
+    const elem_t* cK = sK + stage * TILE_ELEMS;
+    const elem_t* cV = sV + stage * TILE_ELEMS;
+
+    // S = Q K^T (16 rows x N keys per warp)
+    float s[NTILES][4];
+#pragma unroll
+    for (int n = 0; n < NTILES; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+#if Q_SMEM
+      unsigned qa[4];
+      ldmatrix_x4(qa[0], qa[1], qa[2], qa[3],
+                  sQ + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * ROW_STRIDE + ks * 16 +
+                      (lane >> 4) * 8);
+#else
+      const unsigned(&qa)[4] = qf[ks];
+#endif
+#pragma unroll
+      for (int np = 0; np < NTILES / 2; ++np) {
+        unsigned b0, b1, b2, b3;
+        ldmatrix_x4(b0, b1, b2, b3,
+                    cK + (np * 16 + ((lane >> 4) << 3) + (lane & 7)) * ROW_STRIDE + ks * 16 +
+                        ((lane >> 3) & 1) * 8);
+        mma_16816(s[2 * np], qa, b0, b1);
+        mma_16816(s[2 * np + 1], qa, b2, b3);
+      }
+    }
+
+    // scale into the log2 domain; mask only tiles that some row cannot fully see
+    const bool is_block = v >= n_ctx_here;
+    const int kstart = (t0 + v) * N;
+    const bool need_mask =
+        is_block || kstart + N > P || (windowed && kstart <= P + qb - 1 - window);
+#pragma unroll
+    for (int n = 0; n < NTILES; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[n][e] * scale_log2;
+        if (need_mask) {
+          const int col = n * 8 + 2 * t4 + (e & 1);
+          const int i = e < 2 ? i0 : i1;
+          bool vis;
+          if (is_block) {
+            const int dj = i - col;
+            vis = col < qb && (mask_mode == MASK_FULL ||
+                               (mask_mode == MASK_SLIDING ? (dj < window && -dj < window)
+                                                          : (dj >= 0 && dj < window)));
+          } else {
+            const int kp = kstart + col;
+            vis = kp < P && (!windowed || kp > P + i - window);
+          }
+          if (!vis) x = -INFINITY;
+        }
+        s[n][e] = x;
+      }
+    }
+
+    // online softmax, rows g (e=0,1) and g+8 (e=2,3); a row is spread over the 4 lanes of a quad
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < NTILES; ++n) {
+      mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+      mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float base0 = mn0 == -INFINITY ? 0.f : mn0;  // a fully masked row stays at zero
+    const float base1 = mn1 == -INFINITY ? 0.f : mn1;
+    const float a0 = fast_exp2(m0 - base0), a1 = fast_exp2(m1 - base1);
+    m0 = mn0;
+    m1 = mn1;
+    float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+    for (int n = 0; n < NTILES; ++n) {
+      s[n][0] = fast_exp2(s[n][0] - base0);
+      s[n][1] = fast_exp2(s[n][1] - base0);
+      s[n][2] = fast_exp2(s[n][2] - base1);
+      s[n][3] = fast_exp2(s[n][3] - base1);
+      ps0 += s[n][0] + s[n][1];
+      ps1 += s[n][2] + s[n][3];
+    }
+    l0 = l0 * a0 + ps0;
+    l1 = l1 * a1 + ps1;
+#pragma unroll
+    for (int d = 0; d < DTILES; ++d) {
+      o[d][0] *= a0;
+      o[d][1] *= a0;
+      o[d][2] *= a1;
+      o[d][3] *= a1;
+    }
+
+    // O += P V; P's accumulator layout is already the A-fragment layout of the next mma
+#pragma unroll
+    for (int kk = 0; kk < N / 16; ++kk) {
+      const unsigned a[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
+                             pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        unsigned b0, b1, b2, b3;
+        ldmatrix_x4_trans(b0, b1, b2, b3,
+                          cV + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * ROW_STRIDE +
+                              dp * 16 + (lane >> 4) * 8);
+        mma_16816(o[2 * dp], a, b0, b1);
+        mma_16816(o[2 * dp + 1], a, b2, b3);
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: normalise; write the output, or this split's partial + log-sum-exp
+  l0 += __shfl_xor_sync(0xffffffff, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffff, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffff, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffff, l1, 2);
+  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  if (num_splits == 1) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = half ? r1 : r0;
+      if (r >= M) continue;
+      const int i = r / group;
+      const float inv = half ? inv1 : inv0;
+      elem_t* dst = out + ((static_cast<long long>(b) * qb + i) * hq + kvh * group + r % group) * D;
+#pragma unroll
+      for (int d = 0; d < DTILES; ++d) {
+        *reinterpret_cast<unsigned*>(dst + d * 8 + 2 * t4) =
+            pack2(o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
+      }
+    }
+  } else {
+    const long long row_base = ((static_cast<long long>(split) * batch + b) * hkv + kvh) * M;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = half ? r1 : r0;
+      if (r >= M) continue;
+      const float inv = half ? inv1 : inv0;
+      float* dst = o_part + (row_base + r) * D;
+#pragma unroll
+      for (int d = 0; d < DTILES; ++d) {
+        *reinterpret_cast<float2*>(dst + d * 8 + 2 * t4) =
+            make_float2(o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
+      }
+      if (t4 == 0) {
+        const float l = half ? l1 : l0, m = half ? m1 : m0;
+        lse_part[row_base + r] = l > 0.f ? m + log2f(l) : -INFINITY;
+      }
+    }
+  }
+}
+
+// Merge the splits of drafter_attention: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max).
+// One warp per packed row (b, kvh, r); partial layout [split][b][kvh][r][D], lse [split][b][kvh][r].
+extern "C" __global__ void __launch_bounds__(128)
+    drafter_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part,
+                    elem_t* __restrict__ out, int batch, int qb, int hq, int hkv, int group,
+                    int num_splits) {
+  constexpr int PER = D / 32;
+  const int M = qb * group;
+  const long long rows = static_cast<long long>(batch) * hkv * M;
+  const long long row = static_cast<long long>(blockIdx.x) * 4 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  float lmax = -INFINITY;
+  for (int s = 0; s < num_splits; ++s) lmax = fmaxf(lmax, lse_part[s * rows + row]);
+  float acc[PER];
+#pragma unroll
+  for (int e = 0; e < PER; ++e) acc[e] = 0.f;
+  float wsum = 0.f;
+  if (lmax != -INFINITY) {
+    for (int s = 0; s < num_splits; ++s) {
+      const float w = fast_exp2(lse_part[s * rows + row] - lmax);
+      wsum += w;
+      const float* src = o_part + (s * rows + row) * D + lane * PER;
+#pragma unroll
+      for (int e = 0; e < PER; ++e) acc[e] += w * src[e];
+    }
+  }
+  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+  const int r = static_cast<int>(row % M);
+  const long long bk = row / M;
+  const int kvh = static_cast<int>(bk % hkv), b = static_cast<int>(bk / hkv);
+  elem_t* dst = out + ((static_cast<long long>(b) * qb + r / group) * hq + kvh * group + r % group) * D +
+                lane * PER;
+#pragma unroll
+  for (int e = 0; e < PER; e += 2)
+    *reinterpret_cast<unsigned*>(dst + e) = pack2(acc[e] * inv, acc[e + 1] * inv);
+}
+
+// Context store: rows j < num_new[b] of k_new/v_new [B, T, Hkv, D] go to positions P_b + j, then
+// ctx_lens[b] += num_new[b]. Grid (T, B). Every CTA of request b reads P_b before it arrives on
+// counters[b]; the last to arrive publishes the new length and resets the counter, so the launch
+// needs no second kernel and no host involvement. counters must start at zero.
+extern "C" __global__ void __launch_bounds__(128)
+    drafter_store(const elem_t* __restrict__ k_new, const elem_t* __restrict__ v_new,
+                  const int* __restrict__ num_new, elem_t* __restrict__ k_cache,
+                  elem_t* __restrict__ v_cache, const int* __restrict__ table,
+                  int* __restrict__ ctx_lens, int* __restrict__ counters, int T, int hkv,
+                  int table_stride, int capacity, int max_ctx) {
+  __shared__ int sP, sN;
+  const int j = blockIdx.x, b = blockIdx.y;
+  if (threadIdx.x == 0) {
+    const int P = ctx_lens[b];
+    const int n = max(0, min(min(num_new[b], T), capacity - P));  // never write past the cache
+    sP = P;
+    sN = n;
+  }
+  __syncthreads();
+  if (j < sN) {
+    const int pos = sP + j;
+#if PAGE_SIZE > 0
+    const int loc = table[static_cast<long long>(b) * table_stride + pos / PAGE_SIZE];
+#else
+    const int loc = table[b];
+#endif
+    const uint4* srcK = reinterpret_cast<const uint4*>(k_new + (static_cast<long long>(b) * T + j) * hkv * D);
+    const uint4* srcV = reinterpret_cast<const uint4*>(v_new + (static_cast<long long>(b) * T + j) * hkv * D);
+    for (int c = threadIdx.x; c < hkv * CPR; c += blockDim.x) {
+      const int h = c / CPR, col = (c % CPR) * 8;
+      const long long off = cache_offset(loc, h, hkv, pos, max_ctx) + col;
+      *reinterpret_cast<uint4*>(k_cache + off) = srcK[c];
+      *reinterpret_cast<uint4*>(v_cache + off) = srcV[c];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&counters[b], 1) == T - 1) {
+      ctx_lens[b] = sP + sN;
+      counters[b] = 0;
+    }
+  }
+}

@@ -1,0 +1,363 @@
+"""The `cupy` backend: hand-written CUDA C++ (kernels/cuda/drafter_attention.cu) compiled with
+NVRTC and launched through CuPy on torch's current stream, on the torch tensors themselves.
+
+Host work per call is shape arithmetic only (grid, split count, workspace size): nothing reads a
+device value, so a step runs under ``torch.cuda.set_sync_debug_mode("error")`` and captures into
+a CUDA graph. Data-dependent work (which tiles a request reads, where a split starts) is decided
+on the device from ``ctx_lens``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kernels import contract
+from kernels.nvrtc import compile_cubin, arch_for_sm
+from kernels.spec import Geometry, Problem
+
+SOURCE = "drafter_attention.cu"
+HEAD_DIMS = (64, 128)
+PAGE_SIZES = tuple(2**k for k in range(3, 9))  # 8 .. 256
+MAX_ROWS = 256  # Qb * G rows packed per CTA: 16 warps of 16 rows
+MASK_CODE = {"full": 0, "sliding": 1, "sliding_causal": 2}
+SMEM_LIMIT = 227 * 1024  # opt-in dynamic shared memory per block on SM90/SM100
+SMEM_PER_SM = 228 * 1024
+REGS_PER_SM = 65536
+_COUNTER_SLOTS = 65536  # max batch of one store launch
+
+
+@dataclass(frozen=True)
+class Params:
+    """Tunable knobs. `num_splits=0` means: pick from the batch, heads and capacity (device-side
+    balancing spreads the actual context over the splits). `q_smem` keeps Q in shared memory
+    instead of registers (for CTAs of many warps, whose per-thread register budget is small)."""
+
+    tile_n: int = 64
+    stages: int = 3
+    num_splits: int = 0
+    q_smem: bool = False
+
+    def smem_bytes(self, head_dim: int, warps: int) -> int:
+        return smem_bytes(self.tile_n, self.stages, head_dim, warps if self.q_smem else 0)
+
+
+def smem_bytes(tile_n: int, stages: int, head_dim: int, q_warps: int = 0) -> int:
+    """K and V stages of tile_n rows (+ Q rows when in smem), each row padded by 16 bytes."""
+    return (2 * stages * tile_n + 16 * q_warps) * (head_dim + 8) * 2
+
+
+def num_warps(block_size: int, group: int) -> int:
+    """16 packed query rows per warp, and at least 4 warps so loads keep enough bytes in flight."""
+    return max(4, -(-block_size * group // 16))
+
+
+def default_params(problem: Problem | None = None, **overrides) -> Params:
+    """Fast-without-tuning defaults, chosen so no default variant spills on sm_90a/100a/103a:
+    above 8 warps (registers are allocated per 4 warps, so 9 warps get the budget of 12) Q moves
+    to shared memory; above 12 warps the key tile also halves."""
+    base = Params()
+    if problem is not None:
+        warps = num_warps(problem.geometry.block_size, problem.geometry.group)
+        if warps > 12:
+            base = Params(tile_n=32, stages=4, q_smem=True)
+        elif warps > 8:
+            base = Params(q_smem=True)
+    return dataclasses.replace(base, **overrides)
+
+
+def supports(problem: Problem, params: Params | None = None) -> str | None:
+    """None when the cupy kernels run this problem, else the reason they do not."""
+    g = problem.geometry
+    params = params or default_params(problem)
+    if g.dtype not in ("bfloat16", "float16"):
+        return f"dtype {g.dtype} not supported (bfloat16, float16)"
+    if g.head_dim not in HEAD_DIMS:
+        return f"head_dim {g.head_dim} not compiled (supported: {HEAD_DIMS})"
+    if g.block_size * g.group > MAX_ROWS:
+        return (f"Qb*G = {g.block_size}*{g.group} = {g.block_size * g.group} query rows exceed "
+                f"{MAX_ROWS} per CTA")
+    if g.block_size > params.tile_n:
+        return f"block_size {g.block_size} exceeds tile_n {params.tile_n}"
+    if problem.layout == "paged" and problem.page_size not in PAGE_SIZES:
+        return f"page_size {problem.page_size} not supported ({PAGE_SIZES[0]}..{PAGE_SIZES[-1]})"
+    if params.smem_bytes(g.head_dim, num_warps(g.block_size, g.group)) > SMEM_LIMIT:
+        return f"tile_n={params.tile_n} stages={params.stages} needs more than 227 KB of smem"
+    return None
+
+
+def tunables(problem: Problem | None = None) -> dict[str, list]:
+    return {
+        "tile_n": [32, 64, 128],
+        "stages": [2, 3, 4],
+        "num_splits": [0, 1, 2, 4, 8, 16, 32],
+        "q_smem": [False, True],
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# compile + load
+
+
+def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | None,
+                    block_size: int, group: int, params: Params) -> dict[str, int]:
+    name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    return dict(
+        DTYPE_BF16=int(name == "bfloat16"),
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size or 0,
+        TILE_N=params.tile_n,
+        NUM_WARPS=num_warps(block_size, group),
+        STAGES=params.stages,
+        Q_SMEM=int(params.q_smem),
+    )
+
+
+# ptxas otherwise caps some variants at 128 registers and spills; occupancy is planned by hand.
+NVRTC_OPTIONS = ("-maxrregcount=255",)
+
+
+def compile_variant(defines: dict[str, int], sm: int):
+    return compile_cubin(SOURCE, defines, arch_for_sm(sm), extra_options=NVRTC_OPTIONS)
+
+
+@functools.cache
+def _device_info(index: int) -> tuple[int, int]:
+    props = torch.cuda.get_device_properties(index)
+    return props.multi_processor_count, props.major * 10 + props.minor
+
+
+_load_lock = threading.Lock()
+
+
+@functools.cache
+def _load(index: int, defines_items: tuple) -> "_Module":
+    import cupy
+
+    defines = dict(defines_items)
+    _, sm = _device_info(index)
+    result = compile_variant(defines, sm)
+    with cupy.cuda.Device(index):
+        mod = cupy.RawModule(path=str(result.cubin_path))
+        attn = mod.get_function("drafter_attention")
+        smem = smem_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
+                          defines["NUM_WARPS"] if defines["Q_SMEM"] else 0)
+        attn.max_dynamic_shared_size_bytes = smem
+        regs = result.resources["drafter_attention"].registers
+    return _Module(attn, mod.get_function("drafter_combine"), mod.get_function("drafter_store"),
+                   smem, regs, defines["NUM_WARPS"] * 32)
+
+
+@dataclass
+class _Module:
+    attention: object
+    combine: object
+    store: object
+    smem: int
+    regs: int
+    threads: int
+
+    def resident_ctas(self) -> int:
+        by_smem = SMEM_PER_SM // (self.smem + 1024)
+        regs_per_warp = -(-self.regs * 32 // 256) * 256
+        by_regs = REGS_PER_SM // (regs_per_warp * (self.threads // 32))
+        return max(1, min(by_smem, by_regs, 32))
+
+
+def _module(device: torch.device, dtype, head_dim, page_size, block_size, group, params) -> _Module:
+    defines = variant_defines(dtype, head_dim, page_size, block_size, group, params)
+    with _load_lock:
+        return _load(_index(device), tuple(sorted(defines.items())))
+
+
+def _ptr(t: torch.Tensor | None) -> np.uint64:
+    return np.uint64(t.data_ptr() if t is not None else 0)
+
+
+def _launch(fn, grid, block, args, smem=0):
+    import cupy
+
+    stream = torch.cuda.current_stream()
+    with cupy.cuda.ExternalStream(stream.cuda_stream, stream.device_index):
+        fn(grid, block, args, shared_mem=smem)
+
+
+_counters: dict[int, torch.Tensor] = {}
+
+
+def _store_counters(device: torch.device, batch: int) -> torch.Tensor:
+    """Zeroed per-request arrival counters for the store kernel (it leaves them zeroed)."""
+    if batch > _COUNTER_SLOTS:
+        raise ValueError(f"batch={batch} exceeds {_COUNTER_SLOTS} requests per store call")
+    index = _index(device)
+    buf = _counters.get(index)
+    if buf is None:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("run one store eagerly before capturing a CUDA graph "
+                               "(its counter buffer is allocated on first use)")
+        buf = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
+        _counters[index] = buf
+    return buf
+
+
+# --------------------------------------------------------------------------------------------
+# the backend
+
+
+def choose_splits(batch: int, hkv: int, kv_tokens: int, tile_n: int, num_sms: int,
+                  resident: int) -> int:
+    """Split-KV count: enough CTAs for one full wave, at least two tiles per split."""
+    ctas = batch * hkv
+    slots = num_sms * resident
+    if ctas >= slots // 2:
+        return 1
+    tiles = max(1, -(-kv_tokens // tile_n))
+    return max(1, min(-(-slots // ctas), tiles // 2, 64))
+
+
+@dataclass(frozen=True)
+class CupyBackend:
+    """The four contract functions; `overrides` pin tunables (the rest follow default_params)."""
+
+    overrides: tuple = ()
+    name: str = "cupy"
+
+    # registry protocol -------------------------------------------------------------------
+    def params_for(self, problem: Problem) -> Params:
+        return default_params(problem, **dict(self.overrides))
+
+    def supports(self, problem: Problem) -> str | None:
+        return supports(problem, self.params_for(problem))
+
+    def tunables(self, problem: Problem | None = None) -> dict[str, list]:
+        return tunables(problem)
+
+    def default_params(self, problem: Problem | None = None) -> dict:
+        return dataclasses.asdict(default_params(problem))
+
+    def with_params(self, **params) -> CupyBackend:
+        unknown = set(params) - {f.name for f in dataclasses.fields(Params)}
+        if unknown:
+            raise ValueError(f"unknown cupy params {sorted(unknown)}; known: "
+                             f"{[f.name for f in dataclasses.fields(Params)]}")
+        merged = {**dict(self.overrides), **params}
+        return dataclasses.replace(self, overrides=tuple(sorted(merged.items())))
+
+    # contract ------------------------------------------------------------------------------
+    def paged_attention(self, q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
+                        mask="full", window=None, scale=None):
+        dims = contract.check_paged(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens,
+                                    mask, window, scale)
+        return self._attention(dims, "paged", q, k_blk, v_blk, k_pages, v_pages, block_table,
+                               ctx_lens, table_stride=block_table.shape[1], max_ctx=0)
+
+    def arena_attention(self, q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *,
+                        mask="full", window=None, scale=None):
+        dims = contract.check_arena(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens,
+                                    mask, window, scale)
+        return self._attention(dims, "arena", q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens,
+                               table_stride=1, max_ctx=k_arena.shape[1])
+
+    def store_paged(self, k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens):
+        contract.check_store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens)
+        page_size = k_pages.shape[2]
+        self._store(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens,
+                    page_size=page_size, table_stride=block_table.shape[1],
+                    capacity=block_table.shape[1] * page_size, max_ctx=0)
+
+    def store_arena(self, k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens):
+        contract.check_store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens)
+        max_ctx = k_arena.shape[1]
+        self._store(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens, page_size=None,
+                    table_stride=1, capacity=max_ctx, max_ctx=max_ctx)
+
+    # internals -----------------------------------------------------------------------------
+    def _params(self, dims, layout: str) -> Params:
+        problem = _problem(dims, layout)
+        params = self.params_for(problem)
+        reason = supports(problem, params)
+        if reason:
+            raise ValueError(f"the cupy backend cannot run this problem: {reason}")
+        return params
+
+    def plan_splits(self, dims, params: Params, device: torch.device) -> int:
+        """Split count for a call (host shape arithmetic only, identical on every replay)."""
+        p = params
+        if p.num_splits:
+            return p.num_splits
+        mod = _module(device, dims.dtype, dims.head_dim, dims.page_size, dims.block_size,
+                      dims.group, p)
+        num_sms, _ = _device_info(_index(device))
+        kv_tokens = dims.capacity if dims.mask == "full" else min(dims.capacity, dims.window)
+        return choose_splits(dims.batch, dims.num_kv_heads, kv_tokens, p.tile_n, num_sms,
+                             mod.resident_ctas())
+
+    def _attention(self, dims, layout, q, k_blk, v_blk, k_cache, v_cache, table, ctx_lens, *,
+                   table_stride, max_ctx):
+        p = self._params(dims, layout)
+        mod = _module(q.device, q.dtype, dims.head_dim, dims.page_size, dims.block_size,
+                      dims.group, p)
+        splits = self.plan_splits(dims, p, q.device)
+        out = torch.empty_like(q)
+        rows = dims.block_size * dims.group
+        o_part = lse_part = None
+        if splits > 1:
+            o_part = torch.empty((splits, dims.batch, dims.num_kv_heads, rows, dims.head_dim),
+                                 dtype=torch.float32, device=q.device)
+            lse_part = torch.empty((splits, dims.batch, dims.num_kv_heads, rows),
+                                   dtype=torch.float32, device=q.device)
+        i32 = np.int32
+        args = (_ptr(q), _ptr(k_blk), _ptr(v_blk), _ptr(k_cache), _ptr(v_cache), _ptr(table),
+                _ptr(ctx_lens), _ptr(out), _ptr(o_part), _ptr(lse_part),
+                i32(dims.block_size), i32(dims.num_q_heads), i32(dims.num_kv_heads),
+                i32(dims.group), i32(table_stride), i32(dims.capacity), i32(max_ctx),
+                i32(MASK_CODE[dims.mask]), i32(dims.window or 0),
+                np.float32(dims.scale * math.log2(math.e)))
+        _launch(mod.attention, (splits, dims.num_kv_heads, dims.batch), (mod.threads,), args,
+                mod.smem)
+        if splits > 1:
+            total_rows = dims.batch * dims.num_kv_heads * rows
+            _launch(mod.combine, (-(-total_rows // 4),), (128,),
+                    (_ptr(o_part), _ptr(lse_part), _ptr(out), i32(dims.batch),
+                     i32(dims.block_size), i32(dims.num_q_heads), i32(dims.num_kv_heads),
+                     i32(dims.group), i32(splits)))
+        return out
+
+    def _store(self, k_new, v_new, num_new, k_cache, v_cache, table, ctx_lens, *, page_size,
+               table_stride, capacity, max_ctx):
+        batch, rows, hkv, head_dim = k_new.shape
+        if head_dim not in HEAD_DIMS:
+            raise ValueError(f"k_new: head_dim {head_dim} not compiled (supported: {HEAD_DIMS})")
+        if page_size is not None and page_size not in PAGE_SIZES:
+            raise ValueError(f"k_pages: page_size {page_size} not supported "
+                             f"({PAGE_SIZES[0]}..{PAGE_SIZES[-1]})")
+        if rows == 0 or batch == 0:
+            return
+        counters = _store_counters(k_new.device, batch)
+        # The store kernel only depends on head_dim and the page size; reuse the attention
+        # module of a minimal geometry so a step loads one module per layout.
+        mod = _module(k_new.device, k_new.dtype, head_dim, page_size, 1, 1, Params())
+        i32 = np.int32
+        _launch(mod.store, (rows, batch), (128,),
+                (_ptr(k_new), _ptr(v_new), _ptr(num_new), _ptr(k_cache), _ptr(v_cache),
+                 _ptr(table), _ptr(ctx_lens), _ptr(counters), i32(rows), i32(hkv),
+                 i32(table_stride), i32(capacity), i32(max_ctx)))
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _problem(dims, layout: str) -> Problem:
+    geom = Geometry(dims.num_q_heads, dims.num_kv_heads, dims.head_dim, dims.block_size,
+                    dims.mask, dims.window, 1, str(dims.dtype).removeprefix("torch."))
+    return Problem(geom, layout, dims.page_size, dims.batch, 0)
+
+
+BACKEND = CupyBackend()

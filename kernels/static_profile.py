@@ -1,0 +1,127 @@
+"""Static compile profile: compile the default kernel variants for several SM targets with NVRTC
+(no GPU needed) and report registers, shared memory and spills per kernel.
+
+    python -m kernels.static_profile --sm 90,100,103
+
+The tuner's `tuner compile` prints the same table and stores it in the profile database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from kernels.presets import PRESETS
+
+DEFAULT_SMS = (90, 100, 103)
+DEFAULT_PAGES = (16, 64, 128)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled module: a backend, its source and the defines that specialise it."""
+
+    backend: str
+    source: str
+    defines: tuple  # sorted (name, value) pairs
+    dynamic_smem: int
+    options: tuple = ()  # extra NVRTC options
+
+    @property
+    def label(self) -> str:
+        d = dict(self.defines)
+        layout = f"page{d['PAGE_SIZE']}" if d.get("PAGE_SIZE") else "arena"
+        dtype = "bf16" if d.get("DTYPE_BF16", 1) else "fp16"
+        rest = ",".join(f"{k.lower()}={v}" for k, v in self.defines
+                        if k not in ("PAGE_SIZE", "DTYPE_BF16"))
+        return f"{self.backend}:{layout}:{dtype}:{rest}"
+
+
+def cupy_default_variants(page_sizes=DEFAULT_PAGES, presets=None) -> list[Variant]:
+    """The cupy backend's default-parameter variants for every preset geometry and layout."""
+    from kernels import cupy_backend as cb
+    from kernels.spec import Problem
+
+    out = {}
+    for geom in (presets or PRESETS).values():
+        for page in (*page_sizes, None):
+            problem = Problem(geom, "paged" if page else "arena", page, 1, 0)
+            params = cb.default_params(problem)
+            defines = cb.variant_defines(geom.dtype, geom.head_dim, page, geom.block_size,
+                                         geom.group, params)
+            key = tuple(sorted(defines.items()))
+            out[key] = Variant("cupy", cb.SOURCE, key, params.smem_bytes(geom.head_dim, defines["NUM_WARPS"]),
+                               cb.NVRTC_OPTIONS)
+    return list(out.values())
+
+
+def default_variants(page_sizes=DEFAULT_PAGES) -> list[Variant]:
+    return cupy_default_variants(page_sizes)
+
+
+def _compile_one(args) -> list[dict]:
+    from kernels.nvrtc import arch_for_sm, compile_cubin
+
+    variant, sm = args
+    res = compile_cubin(variant.source, dict(variant.defines), arch_for_sm(sm),
+                        extra_options=variant.options)
+    return [
+        dict(sm=sm, arch=res.arch, backend=variant.backend, variant=variant.label, kernel=name,
+             registers=r.registers, spill_bytes=r.spill_store_bytes + r.spill_load_bytes,
+             stack_bytes=r.stack_bytes, smem_static=r.smem_static_bytes,
+             smem_dynamic=variant.dynamic_smem if name.endswith("attention") else 0,
+             compile_s=round(res.seconds, 2), cached=res.cached, cubin=str(res.cubin_path))
+        for name, r in sorted(res.resources.items())
+    ]
+
+
+def compile_variants(sms=DEFAULT_SMS, variants: list[Variant] | None = None,
+                     workers: int | None = None) -> list[dict]:
+    """Compile every variant for every SM (in parallel processes); one row per kernel."""
+    variants = variants if variants is not None else default_variants()
+    jobs = [(v, sm) for sm in sms for v in variants]
+    workers = workers or min(len(jobs), os.cpu_count() or 1)
+    if workers <= 1:
+        results = map(_compile_one, jobs)
+        return [row for rows in results for row in rows]
+    with ProcessPoolExecutor(workers) as pool:
+        return [row for rows in pool.map(_compile_one, jobs) for row in rows]
+
+
+def parse_sms(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--sm expects numbers like 90,100,103, got {text!r}")
+
+
+def print_table(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="static compile profile (NVRTC, ptxas -v)")
+    for col in ("sm", "variant", "kernel", "registers", "spill_bytes", "smem_dynamic",
+                "compile_s"):
+        table.add_column(col, justify="right" if col not in ("variant", "kernel") else "left")
+    for r in rows:
+        table.add_row(*(str(r[c]) for c in ("sm", "variant", "kernel", "registers",
+                                             "spill_bytes", "smem_dynamic", "compile_s")),
+                      style="red" if r["spill_bytes"] else None)
+    Console().print(table)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kernels.static_profile", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sm", type=parse_sms, default=DEFAULT_SMS, help="e.g. 90,100,103")
+    ap.add_argument("--workers", type=int, default=None)
+    args = ap.parse_args(argv)
+    rows = compile_variants(args.sm, workers=args.workers)
+    print_table(rows)
+    return 1 if any(r["spill_bytes"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

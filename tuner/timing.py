@@ -1,0 +1,92 @@
+"""Device timing of one step: CUDA graph replays bracketed by CUDA events, a cold L2 per replay.
+
+    t = time_step(lambda: backend.paged_attention(...))
+    t.median_us, t.p10_us, t.p90_us, t.count
+
+The step is run eagerly twice (compiles, loads, allocates workspaces), captured into a CUDA graph,
+then replayed `reps` times. Before each replay a buffer twice the L2 size is overwritten, outside
+the timed region, so every replay reads its inputs from HBM as a serving step would (the drafter
+layer's K/V was evicted by the target model's forward in between).
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    p10_us: float
+    p90_us: float
+    mean_us: float
+    min_us: float
+    count: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(samples_us: list[float]) -> Timing:
+    """Median, p10, p90 (inclusive quantiles), mean and min of a list of times."""
+    if not samples_us:
+        raise ValueError("no samples to summarize")
+    s = sorted(samples_us)
+    if len(s) == 1:
+        p10 = p90 = s[0]
+    else:
+        q = statistics.quantiles(s, n=10, method="inclusive")
+        p10, p90 = q[0], q[-1]
+    return Timing(statistics.median(s), p10, p90, statistics.fmean(s), s[0], len(s))
+
+
+@functools.cache
+def _flush_buffer(device_index: int) -> torch.Tensor:
+    l2 = torch.cuda.get_device_properties(device_index).L2_cache_size or (64 << 20)
+    return torch.empty(2 * l2 // 4, dtype=torch.int32, device=f"cuda:{device_index}")
+
+
+def flush_l2(device_index: int | None = None) -> None:
+    index = torch.cuda.current_device() if device_index is None else device_index
+    _flush_buffer(index).fill_(0x5A5A5A5A)
+
+
+def capture(fn, warmup: int = 2) -> torch.cuda.CUDAGraph:
+    """Run `fn` eagerly `warmup` times on a side stream, then capture it into a graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return graph
+
+
+def time_graph(graph: torch.cuda.CUDAGraph, reps: int = 100, warmup: int = 10,
+               cold_l2: bool = True) -> Timing:
+    """Replay a captured graph `reps` times; each replay timed alone with CUDA events."""
+    for _ in range(warmup):
+        graph.replay()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for start, end in zip(starts, ends):
+        if cold_l2:
+            flush_l2()
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return summarize([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
+
+
+def time_step(fn, reps: int = 100, warmup: int = 10, cold_l2: bool = True) -> Timing:
+    """Capture `fn` (a whole step: must not sync the host) and time its replays."""
+    return time_graph(capture(fn), reps=reps, warmup=warmup, cold_l2=cold_l2)
