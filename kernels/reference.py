@@ -13,11 +13,11 @@ import torch
 from kernels.contract import Dims, check_arena, check_paged, check_store_arena, check_store_paged
 
 
-def _visible(ctx_lens: torch.Tensor, d: Dims) -> torch.Tensor:
+def _visible(written: torch.Tensor, ctx_lens: torch.Tensor, d: Dims) -> torch.Tensor:
     """Boolean mask [B, Qb, capacity + Qb]: may block row i see key k?
 
-    Keys 0..capacity-1 are context positions kp (visible only below P_b); the last Qb keys are the
-    block's own rows j at position P_b + j. Query row i sits at position P_b + i.
+    Keys 0..capacity-1 are context positions kp, visible only where `written` (kp < P_b); the last
+    Qb keys are the block's own rows j at position P_b + j. Query row i sits at position P_b + i.
     """
     dev = ctx_lens.device
     P = ctx_lens.long()[:, None, None]  # [B, 1, 1]
@@ -25,9 +25,9 @@ def _visible(ctx_lens: torch.Tensor, d: Dims) -> torch.Tensor:
     kp = torch.arange(d.capacity, device=dev)[None, None, :]  # [1, 1, cap]
     j = torch.arange(d.block_size, device=dev)[None, None, :]  # [1, 1, Qb]
 
-    ctx = kp < P
+    ctx = written[:, None, :]
     if d.mask == "full":
-        blk = torch.ones_like(i == j)
+        blk = torch.ones(1, d.block_size, d.block_size, dtype=torch.bool, device=dev)
     else:
         # Window over positions: (P + i) - kp < W, and |i - j| < W (or causal i - j in [0, W)).
         ctx = ctx & (kp > P + i - d.window)
@@ -44,13 +44,14 @@ def _attend(q, k_blk, v_blk, k_ctx, v_ctx, ctx_lens, d: Dims) -> torch.Tensor:
     B, Qb, Hkv, G, D = d.batch, d.block_size, d.num_kv_heads, d.group, d.head_dim
     # Rows past P_b are never written in a real pool (uninitialised memory, maybe NaN/Inf), and
     # masking scores alone is not enough: 0 * NaN = NaN in probs @ V. Zero them.
-    written = (torch.arange(d.capacity, device=q.device)[None, :] < ctx_lens.long()[:, None])[:, :, None, None]
-    keys = torch.cat([torch.where(written, k_ctx, 0), k_blk], dim=1).float()  # [B, cap+Qb, Hkv, D]
-    vals = torch.cat([torch.where(written, v_ctx, 0), v_blk], dim=1).float()
+    written = torch.arange(d.capacity, device=q.device)[None, :] < ctx_lens.long()[:, None]  # [B, cap]
+    keep = written[:, :, None, None]
+    keys = torch.cat([torch.where(keep, k_ctx, 0), k_blk], dim=1).float()  # [B, cap + Qb, Hkv, D]
+    vals = torch.cat([torch.where(keep, v_ctx, 0), v_blk], dim=1).float()
     # GQA: query head h = kv * G + g uses KV head h // G = kv.
     qg = q.float().view(B, Qb, Hkv, G, D)
     scores = torch.einsum("bihgd,bkhd->bhgik", qg, keys) * d.scale  # [B, Hkv, G, Qb, cap+Qb]
-    visible = _visible(ctx_lens, d)[:, None, None]  # [B, 1, 1, Qb, cap+Qb]
+    visible = _visible(written, ctx_lens, d)[:, None, None]  # [B, 1, 1, Qb, cap+Qb]
     # Every row sees at least its own block key (i == j), so no row is all -inf.
     probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
     out = torch.einsum("bhgik,bkhd->bihgd", probs, vals)
@@ -70,6 +71,7 @@ def _gather_pages(pages: torch.Tensor, table: torch.Tensor, live: torch.Tensor) 
 
 
 def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *, mask="full", window=None, scale=None):
+    """Drafter block attention over a paged context (DESIGN.md contract) -> [B, Qb, Hq, D]."""
     d = check_paged(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask, window, scale)
     ps = d.page_size
     columns = torch.arange(block_table.shape[1], device=q.device)
@@ -80,6 +82,7 @@ def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
 
 
 def arena_attention(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *, mask="full", window=None, scale=None):
+    """Drafter block attention over an arena context (DESIGN.md contract) -> [B, Qb, Hq, D]."""
     d = check_arena(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, mask, window, scale)
     ids = slots.long()
     return _attend(q, k_blk, v_blk, k_arena[ids], v_arena[ids], ctx_lens, d)
@@ -125,6 +128,7 @@ def _store(k_new, v_new, num_new, ctx_lens, k_view, v_view, locate) -> None:
 
 
 def store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens) -> None:
+    """Write rows j < num_new[b] at positions P_b + j of the paged cache, then ctx_lens += num_new."""
     d = check_store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens)
     if d.capacity == 0:  # no table columns: nothing can be written (num_new must be 0)
         ctx_lens.add_(num_new)
@@ -145,6 +149,7 @@ def store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens) 
 
 
 def store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens) -> None:
+    """Write rows j < num_new[b] at arena[slots[b], P_b + j], then ctx_lens += num_new."""
     d = check_store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens)
     if d.capacity == 0:
         ctx_lens.add_(num_new)
