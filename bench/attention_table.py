@@ -44,6 +44,17 @@ def parse_sizes(text: str) -> list[int]:
     return out
 
 
+def parse_impl(spec: str):
+    """'cupy' or 'cupy:tile_n=128,stages=2' -> (label, backend bound to those params)."""
+    name, _, params = spec.partition(":")
+    kv = {}
+    for item in filter(None, params.split(",")):
+        key, _, value = item.partition("=")
+        kv[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+    backend = registry.get(name)
+    return spec, (backend.with_params(**kv) if kv else backend)
+
+
 def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     if not torch.isfinite(out).all():
         return float("inf")
@@ -60,7 +71,7 @@ def measure_attention(impl_name: str, geometry, layout: str, page: int | None, b
     q = torch.randn(batch, g.block_size, g.num_q_heads, g.head_dim, device=dev, dtype=dtp)
     kb = torch.randn(batch, g.block_size, g.num_kv_heads, g.head_dim, device=dev, dtype=dtp)
     vb = torch.randn_like(kb)
-    impl = registry.get(impl_name)
+    impl_name, impl = parse_impl(impl_name)
     kw = dict(mask=g.mask, window=g.window)
     if layout == "paged":
         cache = random_paged_context(g, lens, page, dev, gen)
@@ -114,7 +125,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=parse_sizes, default=[1, 8, 32])
     ap.add_argument("--ctx", type=parse_sizes, default=parse_sizes("2k,8k,32k"))
     ap.add_argument("--page", type=parse_sizes, default=[16, 64, 128])
-    ap.add_argument("--impl", default="cupy", help="comma-separated registry names")
+    ap.add_argument("--impl", default="cupy",
+                    help="';'-separated registry names, each optionally with params: "
+                         "'cupy;cupy:tile_n=128,stages=2'")
     ap.add_argument("--baseline", default="flashinfer", help="'flashinfer' or 'none'")
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--out", default=None, help="folder for CSV/JSON/markdown")
@@ -128,7 +141,7 @@ def main(argv=None) -> int:
     seed = 0
     for batch in args.batch:
         for ctx in args.ctx:
-            for impl in args.impl.split(","):
+            for impl in args.impl.split(";"):
                 for page in [*args.page, None]:
                     seed += 1
                     layout = "paged" if page else "arena"

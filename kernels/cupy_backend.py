@@ -211,14 +211,20 @@ def _store_counters(device: torch.device, batch: int) -> torch.Tensor:
 
 
 def choose_splits(batch: int, hkv: int, kv_tokens: int, tile_n: int, num_sms: int,
-                  resident: int) -> int:
-    """Split-KV count: enough CTAs for one full wave, at least two tiles per split."""
+                  resident: int, max_splits: int = 64) -> int:
+    """Split-KV count from a wave model: `batch * hkv * S` CTAs run in ceil(CTAs / slots) waves
+    of `slots = SMs * resident` CTAs; a wave lasts one split's share of the KV tiles plus a fixed
+    per-CTA cost (pipeline fill, epilogue, its share of the combine) of about two tiles."""
     ctas = batch * hkv
     slots = num_sms * resident
-    if ctas >= slots // 2:
-        return 1
     tiles = max(1, -(-kv_tokens // tile_n))
-    return max(1, min(-(-slots // ctas), tiles // 2, 64))
+    limit = max(1, min(max_splits, tiles // 2))
+    best, best_cost = 1, float("inf")
+    for s in range(1, limit + 1):
+        cost = math.ceil(ctas * s / slots) * (tiles / s + 2)
+        if cost < best_cost - 1e-9:
+            best, best_cost = s, cost
+    return best
 
 
 @dataclass(frozen=True)

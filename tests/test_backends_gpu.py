@@ -59,9 +59,9 @@ def _cases():
 
 def _block_inputs(g: Geometry, batch: int, gen: torch.Generator):
     dt = g.torch_dtype
-    q = torch.randn(batch, g.block_size, g.num_q_heads, g.head_dim, generator=gen, device="cuda").to(dt)
-    k = torch.randn(batch, g.block_size, g.num_kv_heads, g.head_dim, generator=gen, device="cuda").to(dt)
-    v = torch.randn(batch, g.block_size, g.num_kv_heads, g.head_dim, generator=gen, device="cuda").to(dt)
+    q = torch.randn(batch, g.block_size, g.num_q_heads, g.head_dim, generator=gen).to("cuda", dt)
+    k = torch.randn(batch, g.block_size, g.num_kv_heads, g.head_dim, generator=gen).to("cuda", dt)
+    v = torch.randn(batch, g.block_size, g.num_kv_heads, g.head_dim, generator=gen).to("cuda", dt)
     return q, k, v
 
 
@@ -85,7 +85,7 @@ def _assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> None:
 @pytest.mark.parametrize("geom,page,lens,seed", _cases())
 def test_attention_matches_reference(backend, layout, geom, page, lens, seed):
     impl = registry.get(backend)
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
     q, kb, vb = _block_inputs(geom, len(lens), gen)
     kw = dict(mask=geom.mask, window=geom.window)
     if layout == "paged":
@@ -107,7 +107,7 @@ def test_forced_split_counts(backend, splits):
     """The split-KV combine against the single-pass result, including splits with no work."""
     geom = PRESETS["qwen3-8b-dflash-b16"]
     impl = registry.get(backend).with_params(num_splits=splits)
-    gen = torch.Generator(device="cuda").manual_seed(splits)
+    gen = torch.Generator().manual_seed(splits)
     lens = [0, 5, 700, 4097]
     q, kb, vb = _block_inputs(geom, len(lens), gen)
     cache = random_paged_context(geom, lens, 64, "cuda", gen)
@@ -119,9 +119,9 @@ def test_forced_split_counts(backend, splits):
 def _store_inputs(geom, lens, rows, gen):
     batch = len(lens)
     dt = geom.torch_dtype
-    k_new = torch.randn(batch, rows, geom.num_kv_heads, geom.head_dim, generator=gen, device="cuda").to(dt)
+    k_new = torch.randn(batch, rows, geom.num_kv_heads, geom.head_dim, generator=gen).to("cuda", dt)
     v_new = torch.randn_like(k_new)
-    num_new = torch.randint(0, rows + 1, (batch,), generator=gen, device="cuda", dtype=torch.int32)
+    num_new = torch.randint(0, rows + 1, (batch,), generator=gen, dtype=torch.int32).to("cuda")
     num_new[0] = rows  # all rows valid in one request, and often 0 in another
     return k_new, v_new, num_new
 
@@ -132,7 +132,7 @@ def _store_inputs(geom, lens, rows, gen):
 def test_store_matches_reference(backend, page, rows):
     impl = registry.get(backend)
     geom = PRESETS["gpt-oss-20b-dflash"] if rows == 16 else PRESETS["qwen3-8b-dflash-b16"]
-    gen = torch.Generator(device="cuda").manual_seed(rows + (page or 1))
+    gen = torch.Generator().manual_seed(rows + (page or 1))
     lens = [0, page - 1 if page else 9, 1000, 31]
     k_new, v_new, num_new = _store_inputs(geom, lens, rows, gen)
     if page:
@@ -157,7 +157,7 @@ def test_graph_replay_and_no_host_sync(backend, layout):
     same result (the graph replays against a fresh copy of the cache state)."""
     impl = registry.get(backend)
     geom = PRESETS["laguna-dflash"]
-    gen = torch.Generator(device="cuda").manual_seed(7)
+    gen = torch.Generator().manual_seed(7)
     lens = [100, 2049, 5]
     q, kb, vb = _block_inputs(geom, len(lens), gen)
     k_new, v_new, num_new = _store_inputs(geom, lens, geom.block_size, gen)
