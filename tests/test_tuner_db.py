@@ -1,0 +1,185 @@
+"""The profile database (CPU): round trip, concurrent writers, schema checks, merge, default path."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tuner import db as dbmod
+from tuner.db import ProfileDB, SchemaError, merge
+
+REPO = Path(__file__).resolve().parent.parent
+FP = dict(gpu_name="NVIDIA H200", sm=90, sm_count=132, driver="580.95.05", cuda="13.0",
+          torch="2.11.0", cupy="14.2.0", cutlass="4.2.0", nvrtc="13.0", sources_hash="abc")
+
+
+def _row(env_id: str, i: int = 0, **extra) -> dict:
+    problem = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, mask="full",
+                   window=None, num_layers=5, dtype="bfloat16", layout="paged", page_size=64,
+                   batch=8, ctx_len=2048 + i)
+    params = {"tile_n": 64, "stages": 3}
+    row = dict(env_id=env_id, candidate_key=dbmod.candidate_key(problem, None, "cupy", params),
+               problem_key=problem, preset="qwen3-8b-dflash-b16", **problem, impl="cupy",
+               params=params, status="ok", median_us=100.0 + i, p10_us=95.0, p90_us=110.0,
+               count=200, bytes_moved=123456789, bandwidth_gbs=3000.0, roofline_fraction=0.7,
+               syncs_debug=0, syncs_profiler=0, sync_host_us=0.0, graph_capturable=True,
+               kv_bytes=1 << 30, workspace_bytes=1 << 20, peak_bytes=2 << 30)
+    row.update(extra)
+    return row
+
+
+def test_round_trip(tmp_path):
+    path = tmp_path / "p.db"
+    with ProfileDB(path) as db:
+        env = db.add_environment(FP)
+        assert db.add_environment(FP) == env  # idempotent
+        rid = db.add_result(_row(env))
+        db.add_result(_row(env, 1, status="failed_runtime", reason="illegal address", median_us=None))
+    with ProfileDB(path, create=False) as db:
+        assert db.schema_version() == dbmod.SCHEMA_VERSION
+        assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        rows = db.query("SELECT * FROM results ORDER BY id")
+        assert rows[0]["id"] == rid and rows[0]["median_us"] == 100.0 and rows[0]["graph_capturable"] == 1
+        assert rows[0]["params"] == '{"stages":3,"tile_n":64}' and rows[0]["provenance"] == "measured"
+        assert rows[1]["status"] == "failed_runtime" and rows[1]["median_us"] is None
+        envs = db.query("SELECT * FROM environments")
+        assert envs[0]["gpu_name"] == "NVIDIA H200" and envs[0]["sm"] == 90 and envs[0]["env_id"] == env
+        assert db.done_candidates(env) == {rows[0]["candidate_key"], rows[1]["candidate_key"]}
+        assert db.done_candidates(env, ["ok"]) == {rows[0]["candidate_key"]}
+
+
+def test_bad_rows_are_refused(tmp_path):
+    with ProfileDB(tmp_path / "p.db") as db:
+        env = db.add_environment(FP)
+        with pytest.raises(ValueError, match="unknown result columns.*median_ms"):
+            db.add_result({**_row(env), "median_ms": 1.0})
+        with pytest.raises(ValueError, match="status='broken'"):
+            db.add_result(_row(env, status="broken"))
+        with pytest.raises(sqlite3.IntegrityError):  # provenance is checked by the schema
+            db.add_result(_row(env, provenance="guessed"))
+        with pytest.raises(sqlite3.IntegrityError):  # the environment must exist
+            db.add_result(_row("no-such-env"))
+
+
+WRITER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {repo!r})
+    from tuner.db import ProfileDB
+    sys.path.insert(0, {tests!r})
+    from test_tuner_db import FP, _row
+    path, who, n, start = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    while time.time() < start:
+        time.sleep(0.001)
+    db = ProfileDB(path)  # every writer may be the one creating the file
+    env = db.add_environment(FP)
+    for i in range(n):
+        db.add_result(_row(env, who * 1000 + i, worker=str(who)))
+    db.close()
+""")
+
+
+def test_concurrent_writers_lose_no_row(tmp_path):
+    import time
+
+    path, n = tmp_path / "shared.db", 60
+    script = WRITER.format(repo=str(REPO), tests=str(REPO / "tests"))
+    start = time.time() + 1.5  # all four open the (missing) file at once
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(path), str(w), str(n), str(start)],
+                              stderr=subprocess.PIPE, text=True) for w in range(4)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    with ProfileDB(path, create=False) as db:
+        assert db.count("results") == 4 * n
+        assert db.count("environments") == 1
+        per_worker = db.query("SELECT worker, COUNT(*) AS n FROM results GROUP BY worker")
+        assert {r["worker"]: r["n"] for r in per_worker} == {str(w): n for w in range(4)}
+
+
+def test_foreign_schema_version_is_refused(tmp_path):
+    path = tmp_path / "old.db"
+    ProfileDB(path).close()
+    c = sqlite3.connect(path)
+    c.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    c.commit()
+    c.close()
+    with pytest.raises(SchemaError, match=r"schema version 99.*reads version 1"):
+        ProfileDB(path)
+
+
+def test_foreign_files_are_refused(tmp_path):
+    other = tmp_path / "other.db"
+    c = sqlite3.connect(other)
+    c.execute("CREATE TABLE t (x)")
+    c.commit()
+    c.close()
+    with pytest.raises(SchemaError, match="not a drafter-attn profile database"):
+        ProfileDB(other)
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not sqlite at all" * 100)
+    with pytest.raises(SchemaError, match="not a readable SQLite"):
+        ProfileDB(junk)
+    with pytest.raises(SchemaError, match="no profile database at"):
+        ProfileDB(tmp_path / "missing.db", create=False)
+
+
+def test_compile_profiles(tmp_path):
+    rows = [dict(sm=90, arch="sm_90a", backend="cupy", variant="cupy:page64:bf16:x", kernel=k,
+                 registers=r, spill_bytes=0, stack_bytes=0, smem_static=0, smem_dynamic=1024,
+                 compile_s=1.5, cached=False, cubin="/tmp/x.cubin")
+            for k, r in (("drafter_attention", 168), ("drafter_store", 32))]
+    with ProfileDB(tmp_path / "p.db") as db:
+        assert db.add_compile_rows(rows, "hash1", "13.0") == 2
+        db.add_compile_rows(rows, "hash1", "13.0")  # same kernels again: replaced, not doubled
+        db.add_compile_rows(rows[:1], "hash2", "13.0")  # new sources: a new row
+        assert db.count("compile_profiles") == 3
+
+
+def test_merge(tmp_path):
+    a, b, out = tmp_path / "a.db", tmp_path / "b.db", tmp_path / "out.db"
+    for path, n in ((a, 3), (b, 2)):
+        with ProfileDB(path) as db:
+            env = db.add_environment({**FP, "gpu_name": path.stem})
+            for i in range(n):
+                db.add_result(_row(env, i))
+    assert merge(out, a, b) == {"environments": 2, "results": 5, "compile_profiles": 0}
+    assert merge(out, a, b)["results"] == 0  # merging again adds nothing
+    with ProfileDB(out, create=False) as db:
+        assert db.count("results") == 5
+    with pytest.raises(ValueError, match="into itself"):
+        merge(a, a)
+    bad = tmp_path / "bad.db"
+    ProfileDB(bad).close()
+    c = sqlite3.connect(bad)
+    c.execute("UPDATE meta SET value = '0' WHERE key = 'schema_version'")
+    c.commit()
+    c.close()
+    with pytest.raises(SchemaError, match="schema version 0"):
+        merge(out, bad)
+
+
+def test_default_path(monkeypatch, tmp_path):
+    monkeypatch.setenv("DRAFTER_DB", str(tmp_path / "env.db"))
+    assert dbmod.default_path() == tmp_path / "env.db"
+    monkeypatch.delenv("DRAFTER_DB")
+    assert dbmod.default_path() == REPO / "profiles" / "profile.db"  # a source checkout
+    monkeypatch.setattr(dbmod, "_repo_profiles_dir", lambda: None)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert dbmod.default_path() == tmp_path / "data" / "drafter-attn" / "profile.db"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    assert dbmod.default_path() == Path.home() / ".local" / "share" / "drafter-attn" / "profile.db"
+
+
+def test_candidate_key_depends_on_every_part():
+    base = ({"batch": 1}, None, "cupy", {"tile_n": 64})
+    key = dbmod.candidate_key(*base)
+    assert key == dbmod.candidate_key({"batch": 1}, None, "cupy", {"tile_n": 64})
+    assert key != dbmod.candidate_key({"batch": 2}, None, "cupy", {"tile_n": 64})
+    assert key != dbmod.candidate_key({"batch": 1}, 8, "cupy", {"tile_n": 64})
+    assert key != dbmod.candidate_key({"batch": 1}, None, "other", {"tile_n": 64})
+    assert key != dbmod.candidate_key({"batch": 1}, None, "cupy", {"tile_n": 32})
