@@ -1,0 +1,152 @@
+"""Sweep specs (CPU): the shipped default, expansion into candidates, errors that name the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.presets import PRESETS
+from tuner.spec import Candidate, SpecError, load_spec, parse_spec, tomllib
+
+GOOD = """
+[sweep]
+name = "t"
+backends = ["reference"]
+presets = ["qwen3-8b-dflash-b16"]
+page_sizes = [16, 64]
+arena = true
+batches = [1, 4]
+ctx_lens = [0, 100]
+"""
+
+
+def _spec(text: str):
+    return parse_spec(tomllib.loads(text), "t.toml")
+
+
+def test_default_spec_ships_and_expands():
+    spec = load_spec("default")
+    cands = spec.candidates()
+    assert spec.name == "default" and spec.backends == ["cupy"]
+    assert "qwen3-8b-dflash-b16" in spec.geometries and len(spec.geometries) == 3
+    assert spec.page_sizes == [16, 64, 128] and spec.arena
+    assert len(cands) == 3 * 4 * 3 * 2 * 2
+    assert len({c.key() for c in cands}) == len(cands)
+    # parameters are resolved over the backend's defaults: {} gives the defaults in full
+    assert all(set(c.params_dict) == {"tile_n", "stages", "num_splits", "q_smem"} for c in cands)
+
+
+def test_expansion_order_and_wire_round_trip():
+    spec = _spec(GOOD)
+    cands = spec.candidates()
+    assert len(cands) == 3 * 2 * 2  # layouts x batches x ctx, one backend without params
+    assert [c.problem.layout for c in cands[::4]] == ["paged", "paged", "arena"]
+    c = cands[-1]
+    assert c.problem.layout == "arena" and c.problem.page_size is None and c.problem.batch == 4
+    assert c.preset == "qwen3-8b-dflash-b16" and c.params == ()
+    assert Candidate.from_wire(c.to_wire()) == c
+    assert "arena B=4 ctx=100 reference" in c.label()
+
+
+def test_geometries_masks_dtypes_and_params():
+    spec = _spec("""
+[sweep]
+backends = ["cupy", "reference"]
+presets = ["gpt-oss-20b-dflash"]
+page_sizes = [64]
+batches = [2]
+ctx_lens = [512]
+dtypes = ["bfloat16", "float16"]
+masks = ["preset", "sliding:256", "sliding_causal:128"]
+accepted = 4.5
+
+[[sweep.geometries]]
+name = "tiny"
+num_q_heads = 8
+num_kv_heads = 2
+head_dim = 64
+block_size = 8
+
+[params.cupy]
+variants = [{}, {num_splits = 1}]
+grid = {stages = [2, 3]}
+""")
+    cands = spec.candidates()
+    # 2 geometries x 2 dtypes x 3 masks, cupy: {} and stages=3 coincide with the defaults -> 3 sets
+    assert len(cands) == 2 * 2 * 3 * (3 + 1)
+    masks = {(c.problem.geometry.mask, c.problem.geometry.window) for c in cands}
+    assert masks == {("full", None), ("sliding", 256), ("sliding_causal", 128)}
+    assert {c.preset for c in cands} == {"gpt-oss-20b-dflash", "tiny"}
+    assert {c.accepted for c in cands} == {4.5}
+    cupy = [c.params_dict for c in cands if c.impl == "cupy" and c.preset == "tiny"
+            and c.problem.geometry.dtype == "float16" and c.problem.geometry.mask == "full"]
+    assert sorted((p["stages"], p["num_splits"]) for p in cupy) == [(2, 0), (3, 0), (3, 1)]
+
+
+BAD = [
+    ("", "sweep: missing table"),
+    ("[sweep]\nbackends = ['reference']\npresets = ['qwen3-8b-dflash-b16']\narena = true\nbatches = [1]\nctx_lens = [1]\nbatchs = [2]",
+     r"sweep\.batchs: unknown key"),
+    ("[sweep]\npresets = ['qwen3-8b-dflash-b16']\narena = true\nbatches = [1]\nctx_lens = [1]",
+     r"sweep\.backends: missing"),
+    ("[sweep]\nbackends = ['nope']\npresets = ['qwen3-8b-dflash-b16']\narena = true\nbatches = [1]\nctx_lens = [1]",
+     r"sweep\.backends\[0\]: unknown value 'nope'"),
+    ("[sweep]\nbackends = ['reference']\npresets = ['qwen3-8b-dflash-b16', 'gpt-5']\narena = true\nbatches = [1]\nctx_lens = [1]",
+     r"sweep\.presets\[1\]: unknown value 'gpt-5'"),
+    ("[sweep]\nbackends = ['reference']\narena = true\nbatches = [1]\nctx_lens = [1]",
+     r"sweep\.presets: no geometry"),
+    ("[sweep]\nbackends = ['reference']\npresets = ['qwen3-8b-dflash-b16']\nbatches = [1]\nctx_lens = [1]",
+     r"sweep\.page_sizes: no cache layout"),
+    ("[sweep]\nbackends = ['reference']\npresets = ['qwen3-8b-dflash-b16']\npage_sizes = [16, 48]\nbatches = [1]\nctx_lens = [1]",
+     r"sweep\.page_sizes\[1\]: expected a power-of-two int, got 48"),
+    ("[sweep]\nbackends = ['reference']\npresets = ['qwen3-8b-dflash-b16']\narena = true\nbatches = [1, 0]\nctx_lens = [1]",
+     r"sweep\.batches\[1\]: expected a positive int, got 0"),
+    ("[sweep]\nbackends = ['reference']\npresets = ['qwen3-8b-dflash-b16']\narena = true\nbatches = 8\nctx_lens = [1]",
+     r"sweep\.batches: expected a non-empty list of positive ints"),
+    ("[sweep]\nbackends = ['reference']\npresets = ['qwen3-8b-dflash-b16']\narena = true\nbatches = [1]\nctx_lens = [-1]",
+     r"sweep\.ctx_lens\[0\]: expected a non-negative int"),
+    ("[sweep]\nbackends = ['reference']\npresets = ['qwen3-8b-dflash-b16']\narena = true\nbatches = [1]\nctx_lens = [1]\ndtypes = ['int8']",
+     r"sweep\.dtypes\[0\]: unknown value 'int8'"),
+    ("[sweep]\nbackends = ['reference']\npresets = ['qwen3-8b-dflash-b16']\narena = true\nbatches = [1]\nctx_lens = [1]\nmasks = ['sliding']",
+     r"sweep\.masks\[0\]: expected 'preset', 'full', 'sliding:W'"),
+    ("[sweep]\nbackends = ['reference']\npresets = ['qwen3-8b-dflash-b16']\narena = true\nbatches = [1]\nctx_lens = [1]\narena_max = 3",
+     r"sweep\.arena_max: unknown key"),
+    ("[sweep]\nbackends = ['reference']\npresets = ['qwen3-8b-dflash-b16']\narena = 'yes'\nbatches = [1]\nctx_lens = [1]",
+     r"sweep\.arena: expected true or false"),
+    ("[sweep]\nbackends = ['reference']\npresets = ['qwen3-8b-dflash-b16']\narena = true\nbatches = [1]\nctx_lens = [1]\naccepted = 17",
+     r"sweep\.accepted: 17\.0 exceeds block_size 16"),
+    ("[sweep]\nbackends = ['reference']\npresets = ['qwen3-8b-dflash-b16']\narena = true\nbatches = [1]\nctx_lens = [1]\ntimeout_s = 0",
+     r"sweep\.timeout_s: expected a positive number"),
+    ("[sweep]\nbackends = ['reference']\narena = true\nbatches = [1]\nctx_lens = [1]\n[[sweep.geometries]]\nname = 'g'\nnum_q_heads = 6\nnum_kv_heads = 4\nhead_dim = 64\nblock_size = 8",
+     r"sweep\.geometries\[0\]: num_q_heads=6 is not a multiple of num_kv_heads=4"),
+    ("[sweep]\nbackends = ['reference']\narena = true\nbatches = [1]\nctx_lens = [1]\n[[sweep.geometries]]\nname = 'g'\nnum_q_heads = 8\nhead_dim = 64\nblock_size = 8",
+     r"sweep\.geometries\[0\]: .*num_kv_heads"),
+    ("[sweep]\nbackends = ['reference']\narena = true\nbatches = [1]\nctx_lens = [1]\n[[sweep.geometries]]\nname = 'g'\nnum_q_heads = 8\nnum_kv_heads = 2\nhead_dim = 64\nblock_size = 8\nheads = 3",
+     r"sweep\.geometries\[0\]\.heads: unknown key"),
+    (GOOD + "\n[params.cupy]\nvariants = [{}]", r"params\.cupy: unknown key; known keys: reference"),
+    (GOOD.replace("'reference'", "'cupy'").replace('"reference"', '"cupy"') + "\n[params.cupy]\nvariants = [{tile = 3}]",
+     r"params\.cupy: unknown parameter\(s\) \['tile'\]"),
+    (GOOD.replace('"reference"', '"cupy"') + "\n[params.cupy]\ngrid = {stages = 2}",
+     r"params\.cupy\.grid\.stages: expected a non-empty list"),
+    (GOOD.replace('"reference"', '"cupy"') + "\n[params.cupy]\nvariants = [1]",
+     r"params\.cupy\.variants\[0\]: expected a table"),
+    ("[sweep\nbackends=", "not valid TOML"),
+]
+
+
+@pytest.mark.parametrize("text,message", BAD, ids=[m for _, m in BAD])
+def test_bad_specs_name_the_key(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(SpecError, match=message) as info:
+        load_spec(path)
+    assert str(info.value).startswith(str(path))
+
+
+def test_missing_file():
+    with pytest.raises(SpecError, match="cannot read the sweep spec"):
+        load_spec("/nonexistent/spec.toml")
+
+
+def test_presets_are_all_accepted():
+    text = GOOD.replace('presets = ["qwen3-8b-dflash-b16"]', f"presets = {list(PRESETS)!r}")
+    assert len(_spec(text).geometries) == len(PRESETS)
