@@ -1,0 +1,52 @@
+"""Memory of a decode step: K/V bytes of the workload per layout, and workspace / peak bytes.
+
+KV bytes are a model of the workload, not of an allocation: a paged cache holds
+ceil((P + Qb) / page_size) pages per request (its context plus room for the store), an arena holds
+one slot of max_ctx = P + Qb tokens per request (dense, whatever the real lengths). Workspace and
+peak come from torch's allocator around one eager step (backends allocate through torch).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+from kernels.cache import ArenaKVCache, PagedKVPool
+from kernels.spec import Problem
+
+
+def kv_bytes_for(problem: Problem, max_ctx: int | None = None) -> int:
+    """K and V bytes over all layers for `batch` requests at `ctx_len` (+ room for a Qb store).
+    `max_ctx` overrides the arena's per-slot capacity (a deployment sizes it for its longest
+    request; the default is the workload's own P + Qb)."""
+    g, p = problem.geometry, problem
+    tokens = p.ctx_len + g.block_size
+    if p.layout == "paged":
+        pages = p.batch * math.ceil(tokens / p.page_size)
+        return PagedKVPool.bytes_for(pages, p.page_size, g.num_kv_heads, g.head_dim, g.num_layers,
+                                     g.torch_dtype)
+    return ArenaKVCache.bytes_for(p.batch, max_ctx or tokens, g.num_kv_heads, g.head_dim, g.num_layers,
+                                  g.torch_dtype)
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    kv_bytes: int  # the workload's K/V (model above)
+    workspace_bytes: int  # allocated during the step beyond what was live before it
+    peak_bytes: int  # the allocator's peak during the step (everything live, K/V included)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def measure_step_memory(fn, kv_bytes: int, device=None) -> StepMemory:
+    """Run `fn` once eagerly (after a warm-up elsewhere) and read torch's allocator around it."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    return StepMemory(kv_bytes, peak - before, peak)
