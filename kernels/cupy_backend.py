@@ -149,7 +149,7 @@ def _load(index: int, defines_items: tuple) -> "_Module":
         smem = smem_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
                           defines["NUM_WARPS"] if defines["Q_SMEM"] else 0)
         attn.max_dynamic_shared_size_bytes = smem
-        regs = result.resources["drafter_attention"].registers
+        regs = attn.num_regs  # from the loaded cubin itself
     return _Module(attn, mod.get_function("drafter_combine"), mod.get_function("drafter_store"),
                    smem, regs, defines["NUM_WARPS"] * 32)
 
@@ -180,11 +180,23 @@ def _ptr(t: torch.Tensor | None) -> np.uint64:
     return np.uint64(t.data_ptr() if t is not None else 0)
 
 
-def _launch(fn, grid, block, args, smem=0):
-    import cupy
+_streams: dict[int, object] = {}
 
+
+def _launch(fn, grid, block, args, smem=0):
+    """Launch on torch's current stream (so graph capture and stream order follow torch)."""
     stream = torch.cuda.current_stream()
-    with cupy.cuda.ExternalStream(stream.cuda_stream, stream.device_index):
+    ext = _streams.get(stream.cuda_stream)
+    if ext is None:
+        import warnings
+
+        import cupy
+
+        with warnings.catch_warnings():  # ExternalStream is deprecated in CuPy 14, still works
+            warnings.simplefilter("ignore", DeprecationWarning)
+            ext = cupy.cuda.ExternalStream(stream.cuda_stream, stream.device_index)
+        _streams[stream.cuda_stream] = ext
+    with ext:
         fn(grid, block, args, shared_mem=smem)
 
 
