@@ -1,0 +1,60 @@
+"""Measurement statistics and bookkeeping that need no GPU: summaries, repetitions, roofline
+fraction, failure classification, unsupported candidates."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.nvrtc import CompileError
+from kernels.spec import Geometry, Problem
+from tuner import measure
+from tuner.spec import Candidate
+from tuner.step import CorrectnessError
+from tuner.timing import summarize
+
+
+def test_summary_statistics():
+    t = summarize([float(x) for x in range(1, 102)])  # 1..101
+    assert t.median_us == 51 and t.count == 101 and t.min_us == 1 and t.mean_us == 51
+    assert t.p10_us == pytest.approx(11) and t.p90_us == pytest.approx(91)
+    one = summarize([7.0])
+    assert (one.median_us, one.p10_us, one.p90_us, one.count) == (7.0, 7.0, 7.0, 1)
+    skewed = summarize([10.0] * 95 + [1000.0] * 5)  # a few slow outliers move the mean, not the median
+    assert skewed.median_us == 10 and skewed.p90_us == 10 and skewed.mean_us > 50
+    assert summarize([3.0, 1.0, 2.0]).median_us == 2.0  # order does not matter
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_choose_reps():
+    assert measure.choose_reps(1000.0) == 250  # 0.25 s of 1 ms steps
+    assert measure.choose_reps(1.0) == measure.MAX_REPS
+    assert measure.choose_reps(1e6) == measure.MIN_REPS
+    assert measure.choose_reps(0.0) == measure.MAX_REPS
+
+
+def test_roofline_row():
+    r = measure.roofline_row(median_us=100.0, nbytes=300_000_000, copy_bytes_per_s=4.0e12)
+    assert r["bandwidth_gbs"] == pytest.approx(3000.0)
+    assert r["copy_bandwidth_gbs"] == pytest.approx(4000.0)
+    assert r["roofline_fraction"] == pytest.approx(0.75)
+    assert r["bytes_moved"] == 300_000_000
+
+
+def test_failure_classification():
+    assert measure._failure(CompileError("NVRTC said no"))[0] == "failed_compile"
+    assert measure._failure(CorrectnessError("rel err 1"))[0] == "failed_correctness"
+    try:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    except RuntimeError as exc:
+        status, reason = measure._failure(exc)
+    assert status == "failed_runtime" and "illegal memory access" in reason
+    assert "test_tuner_measure.py" in reason  # where it happened
+
+
+def test_unsupported_candidates_are_recorded_not_run():
+    g = Geometry(8, 2, 96, 8)  # head_dim 96: not compiled by the cupy kernels
+    c = Candidate(Problem(g, "paged", 16, 1, 100), "cupy", ())
+    row = measure.measure_candidate(c.to_wire())
+    assert row["status"] == "unsupported" and "head_dim 96" in row["reason"]
+    assert row["elapsed_s"] >= 0
