@@ -1,0 +1,122 @@
+"""Sweeps (CPU, with fake worker functions): crash isolation, timeouts, resume after a kill."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tuner.db import ProfileDB
+from tuner.spec import parse_spec, tomllib
+from tuner.sweep import SweepError, run_sweep
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE = dict(measure="sweep_fakes:measure", fingerprint="sweep_fakes:fingerprint", progress=False)
+
+
+def _candidates(ctx_lens, batches=(1, 2)):
+    spec = parse_spec(tomllib.loads(textwrap.dedent(f"""
+        [sweep]
+        backends = ["reference"]
+        presets = ["qwen3-8b-dflash-b16"]
+        arena = true
+        batches = {list(batches)}
+        ctx_lens = {list(ctx_lens)}
+    """)), "t.toml")
+    return spec.candidates()
+
+
+def _rows(path):
+    with ProfileDB(path, create=False) as db:
+        return db.query("SELECT uid, candidate_key, ctx_len, batch, status, reason, median_us, worker "
+                        "FROM results ORDER BY id")
+
+
+def test_faults_and_timeouts_are_recorded_and_the_sweep_goes_on(tmp_path):
+    path = tmp_path / "s.db"
+    cands = _candidates([1, 13, 17, 19, 23])
+    out = run_sweep(cands, path, devices=[None, None], timeout_s=3, **FAKE)
+    rows = _rows(path)
+    assert len(rows) == len(cands) == 10 and out.measured == 10 and out.skipped == 0
+    by_ctx = collections.defaultdict(set)
+    for r in rows:
+        by_ctx[r["ctx_len"]].add(r["status"])
+    assert by_ctx == {1: {"ok"}, 13: {"failed_runtime"}, 17: {"failed_timeout"}, 19: {"failed_runtime"},
+                      23: {"ok"}}
+    reasons = {r["ctx_len"]: r["reason"] for r in rows}
+    assert "worker died (killed by SIGSEGV)" in reasons[13]
+    assert "no result within 3 s" in reasons[17]
+    assert "illegal memory access" in reasons[19]
+    assert {r["median_us"] for r in rows if r["status"] == "ok"} == {1.0, 23.0}
+    assert {r["worker"] for r in rows} == {"0", "1"}  # both workers took work
+    assert out.by_status == {"ok": 4, "failed_runtime": 4, "failed_timeout": 2}
+
+    # Run again: everything is done, nothing is measured; --retry-failed measures the failures.
+    again = run_sweep(cands, path, devices=[None], timeout_s=3, **FAKE)
+    assert again.skipped == 10 and again.measured == 0
+    cands_ok = _candidates([1, 19, 23])
+    retry = run_sweep(cands_ok, path, devices=[None], retry_failed=True, **FAKE)
+    assert retry.skipped == 4 and retry.by_status == {"failed_runtime": 2}
+
+
+def test_a_killed_sweep_resumes_without_losing_rows(tmp_path):
+    path = tmp_path / "k.db"
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(REPO)!r}, {str(REPO / 'tests')!r}]
+        from test_tuner_sweep import _candidates, FAKE
+        from tuner.sweep import run_sweep
+        run_sweep(_candidates(list(range(30, 42))), {str(path)!r}, devices=[None],
+                  options=dict(sleep=0.3), **FAKE)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if path.exists() and len(_rows(path)) >= 4:
+                break
+            assert proc.poll() is None, "the sweep ended before it was killed"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)  # no clean-up of any kind
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    before = _rows(path)
+    assert 4 <= len(before) < 24
+    time.sleep(1.0)  # the orphaned worker must not write anything late
+    assert _rows(path) == before
+
+    cands = _candidates(list(range(30, 42)))
+    out = run_sweep(cands, path, devices=[None], **FAKE)
+    after = _rows(path)
+    assert out.skipped == len(before) and out.measured == len(cands) - len(before)
+    assert after[:len(before)] == before  # finished rows untouched
+    assert sorted(r["candidate_key"] for r in after) == sorted(c.key() for c in cands)  # each once
+
+
+def test_workers_that_cannot_start_stop_the_sweep(tmp_path):
+    with pytest.raises(SweepError, match="could not start: RuntimeError: no CUDA GPU"):
+        run_sweep(_candidates([1]), tmp_path / "x.db", devices=[None], measure="sweep_fakes:measure",
+                  fingerprint="sweep_fakes:broken_fingerprint", progress=False)
+
+
+def test_no_visible_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(SweepError, match="no CUDA GPU is visible"):
+        run_sweep(_candidates([1]), tmp_path / "x.db", **FAKE)
+
+
+def test_progress_bar_runs(tmp_path, capsys):
+    out = run_sweep(_candidates([1, 19]), tmp_path / "p.db", devices=[None],
+                    **{**FAKE, "progress": True}, name="bar")
+    assert out.measured == 4
+    err = capsys.readouterr().err
+    assert "failed_runtime" in err and "bar:" in err
