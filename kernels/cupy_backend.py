@@ -37,25 +37,45 @@ _COUNTER_SLOTS = 65536  # max batch of one store launch
 class Params:
     """Tunable knobs. `num_splits=0` means: pick from the batch, heads and capacity (device-side
     balancing spreads the actual context over the splits). `q_smem` keeps Q in shared memory
-    instead of registers (for CTAs of many warps, whose per-thread register budget is small)."""
+    instead of registers (for CTAs of many warps, whose per-thread register budget is small).
+    `wgmma` (sm_90a only) computes both products with warpgroup MMAs; None = wherever it runs."""
 
     tile_n: int = 64
     stages: int = 3
     num_splits: int = 0
     q_smem: bool = False
+    wgmma: bool | None = None
 
-    def smem_bytes(self, head_dim: int, warps: int) -> int:
-        return smem_bytes(self.tile_n, self.stages, head_dim, warps if self.q_smem else 0)
+    def smem_bytes(self, head_dim: int, warps: int, wgmma: bool = False) -> int:
+        return smem_bytes(self.tile_n, self.stages, head_dim, warps if self.q_smem else 0, wgmma)
 
 
-def smem_bytes(tile_n: int, stages: int, head_dim: int, q_warps: int = 0) -> int:
-    """K and V stages of tile_n rows (+ Q rows when in smem), each row padded by 16 bytes."""
-    return (2 * stages * tile_n + 16 * q_warps) * (head_dim + 8) * 2
+def smem_bytes(tile_n: int, stages: int, head_dim: int, q_warps: int = 0,
+               wgmma: bool = False) -> int:
+    """K and V stages (rows padded by 16 bytes for ldmatrix, unpadded core matrices for wgmma),
+    plus Q rows (padded) when Q lives in shared memory."""
+    kv_row = head_dim if wgmma else head_dim + 8
+    return 2 * stages * tile_n * kv_row * 2 + 16 * q_warps * (head_dim + 8) * 2
 
 
 def num_warps(block_size: int, group: int) -> int:
     """16 packed query rows per warp, and at least 4 warps so loads keep enough bytes in flight."""
     return max(4, -(-block_size * group // 16))
+
+
+def wgmma_fits(head_dim: int, warps: int, tile_n: int) -> bool:
+    """Shapes the wgmma path compiles for: whole warpgroups, whole warps per tile load."""
+    return (warps % 4 == 0 and tile_n in (32, 64, 128) and head_dim in (64, 128)
+            and (tile_n * head_dim // 8) % (warps * 32) == 0)
+
+
+def use_wgmma(params: Params, head_dim: int, warps: int, sm: int) -> bool:
+    if params.wgmma is None:
+        return sm == 90 and wgmma_fits(head_dim, warps, params.tile_n)
+    if params.wgmma and (sm != 90 or not wgmma_fits(head_dim, warps, params.tile_n)):
+        raise ValueError(f"wgmma=True needs sm_90 and a fitting shape (sm={sm}, "
+                         f"head_dim={head_dim}, warps={warps}, tile_n={params.tile_n})")
+    return params.wgmma
 
 
 def default_params(problem: Problem | None = None, **overrides) -> Params:
@@ -87,7 +107,7 @@ def supports(problem: Problem, params: Params | None = None) -> str | None:
         return f"block_size {g.block_size} exceeds tile_n {params.tile_n}"
     if problem.layout == "paged" and problem.page_size not in PAGE_SIZES:
         return f"page_size {problem.page_size} not supported ({PAGE_SIZES[0]}..{PAGE_SIZES[-1]})"
-    if params.smem_bytes(g.head_dim, num_warps(g.block_size, g.group)) > SMEM_LIMIT:
+    if params.smem_bytes(g.head_dim, num_warps(g.block_size, g.group), bool(params.wgmma)) > SMEM_LIMIT:
         return f"tile_n={params.tile_n} stages={params.stages} needs more than 227 KB of smem"
     return None
 
@@ -98,6 +118,7 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "stages": [2, 3, 4],
         "num_splits": [0, 1, 2, 4, 8, 16, 32],
         "q_smem": [False, True],
+        "wgmma": [None, False],
     }
 
 
@@ -106,8 +127,9 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
 
 
 def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | None,
-                    block_size: int, group: int, params: Params) -> dict[str, int]:
+                    block_size: int, group: int, params: Params, sm: int) -> dict[str, int]:
     name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    warps = num_warps(block_size, group)
     return dict(
         DTYPE_BF16=int(name == "bfloat16"),
         HEAD_DIM=head_dim,
@@ -116,6 +138,7 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         NUM_WARPS=num_warps(block_size, group),
         STAGES=params.stages,
         Q_SMEM=int(params.q_smem),
+        WGMMA=int(use_wgmma(params, head_dim, warps, sm)),
     )
 
 
@@ -147,7 +170,7 @@ def _load(index: int, defines_items: tuple) -> "_Module":
         mod = cupy.RawModule(path=str(result.cubin_path))
         attn = mod.get_function("drafter_attention")
         smem = smem_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
-                          defines["NUM_WARPS"] if defines["Q_SMEM"] else 0)
+                          defines["NUM_WARPS"] if defines["Q_SMEM"] else 0, defines["WGMMA"])
         attn.max_dynamic_shared_size_bytes = smem
         regs = attn.num_regs  # from the loaded cubin itself
     return _Module(attn, mod.get_function("drafter_combine"), mod.get_function("drafter_store"),
@@ -171,7 +194,8 @@ class _Module:
 
 
 def _module(device: torch.device, dtype, head_dim, page_size, block_size, group, params) -> _Module:
-    defines = variant_defines(dtype, head_dim, page_size, block_size, group, params)
+    defines = variant_defines(dtype, head_dim, page_size, block_size, group, params,
+                              _device_info(_index(device))[1])
     with _load_lock:
         return _load(_index(device), tuple(sorted(defines.items())))
 

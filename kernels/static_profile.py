@@ -28,6 +28,7 @@ class Variant:
     defines: tuple  # sorted (name, value) pairs
     dynamic_smem: int
     options: tuple = ()  # extra NVRTC options
+    sm: int | None = None  # the one SM target this variant is for (None: every target)
 
     @property
     def label(self) -> str:
@@ -39,21 +40,24 @@ class Variant:
         return f"{self.backend}:{layout}:{dtype}:{rest}"
 
 
-def cupy_default_variants(page_sizes=DEFAULT_PAGES, presets=None) -> list[Variant]:
-    """The cupy backend's default-parameter variants for every preset geometry and layout."""
+def cupy_default_variants(page_sizes=DEFAULT_PAGES, presets=None,
+                          sms=DEFAULT_SMS) -> list[Variant]:
+    """The cupy backend's default-parameter variants for every preset geometry, layout and SM
+    (sm_90 variants use wgmma where the shape allows, other targets mma.sync)."""
     from kernels import cupy_backend as cb
     from kernels.spec import Problem
 
     out = {}
-    for geom in (presets or PRESETS).values():
-        for page in (*page_sizes, None):
-            problem = Problem(geom, "paged" if page else "arena", page, 1, 0)
-            params = cb.default_params(problem)
-            defines = cb.variant_defines(geom.dtype, geom.head_dim, page, geom.block_size,
-                                         geom.group, params)
-            key = tuple(sorted(defines.items()))
-            out[key] = Variant("cupy", cb.SOURCE, key, params.smem_bytes(geom.head_dim, defines["NUM_WARPS"]),
-                               cb.NVRTC_OPTIONS)
+    for sm in sms:
+        for geom in (presets or PRESETS).values():
+            for page in (*page_sizes, None):
+                problem = Problem(geom, "paged" if page else "arena", page, 1, 0)
+                params = cb.default_params(problem)
+                defines = cb.variant_defines(geom.dtype, geom.head_dim, page, geom.block_size,
+                                             geom.group, params, sm)
+                key = tuple(sorted(defines.items()))
+                smem = params.smem_bytes(geom.head_dim, defines["NUM_WARPS"], defines["WGMMA"])
+                out[(sm, key)] = Variant("cupy", cb.SOURCE, key, smem, cb.NVRTC_OPTIONS, sm)
     return list(out.values())
 
 
@@ -81,7 +85,7 @@ def compile_variants(sms=DEFAULT_SMS, variants: list[Variant] | None = None,
                      workers: int | None = None) -> list[dict]:
     """Compile every variant for every SM (in parallel processes); one row per kernel."""
     variants = variants if variants is not None else default_variants()
-    jobs = [(v, sm) for sm in sms for v in variants]
+    jobs = [(v, sm) for sm in sms for v in variants if v.sm in (None, sm)]
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     if workers <= 1:
         results = map(_compile_one, jobs)

@@ -21,7 +21,16 @@ from kernels.spec import Geometry
 
 pytestmark = pytest.mark.gpu
 
-BACKENDS = ["cupy"]
+# Registry names, optionally with pinned params: "cupy" runs wgmma on sm_90 where the shape allows,
+# "cupy:wgmma=0" forces the mma.sync path everywhere.
+BACKENDS = ["cupy", "cupy:wgmma=0"]
+
+
+def _backend(spec: str):
+    name, _, params = spec.partition(":")
+    kv = dict(item.split("=") for item in params.split(",") if item)
+    backend = registry.get(name)
+    return backend.with_params(**{k: bool(int(v)) if k == "wgmma" else int(v) for k, v in kv.items()}) if kv else backend
 PAGE_SIZES = [8, 16, 32, 64, 128, 256]
 N_CASES = 168  # x2 layouts (paged, arena) = 336 random cases per backend
 
@@ -84,7 +93,7 @@ def _assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: str) -> None:
 @pytest.mark.parametrize("layout", ["paged", "arena"])
 @pytest.mark.parametrize("geom,page,lens,seed", _cases())
 def test_attention_matches_reference(backend, layout, geom, page, lens, seed):
-    impl = registry.get(backend)
+    impl = _backend(backend)
     gen = torch.Generator().manual_seed(seed)
     q, kb, vb = _block_inputs(geom, len(lens), gen)
     kw = dict(mask=geom.mask, window=geom.window)
@@ -106,7 +115,7 @@ def test_attention_matches_reference(backend, layout, geom, page, lens, seed):
 def test_forced_split_counts(backend, splits):
     """The split-KV combine against the single-pass result, including splits with no work."""
     geom = PRESETS["qwen3-8b-dflash-b16"]
-    impl = registry.get(backend).with_params(num_splits=splits)
+    impl = _backend(backend).with_params(num_splits=splits)
     gen = torch.Generator().manual_seed(splits)
     lens = [0, 5, 700, 4097]
     q, kb, vb = _block_inputs(geom, len(lens), gen)
@@ -130,7 +139,7 @@ def _store_inputs(geom, lens, rows, gen):
 @pytest.mark.parametrize("page", [8, 16, 64, 256, None])
 @pytest.mark.parametrize("rows", [16, 300])
 def test_store_matches_reference(backend, page, rows):
-    impl = registry.get(backend)
+    impl = _backend(backend)
     geom = PRESETS["gpt-oss-20b-dflash"] if rows == 16 else PRESETS["qwen3-8b-dflash-b16"]
     gen = torch.Generator().manual_seed(rows + (page or 1))
     lens = [0, page - 1 if page else 9, 1000, 31]
@@ -155,7 +164,7 @@ def test_store_matches_reference(backend, page, rows):
 def test_graph_replay_and_no_host_sync(backend, layout):
     """store + attention: eager under sync-debug "error", then a captured graph replays to the
     same result (the graph replays against a fresh copy of the cache state)."""
-    impl = registry.get(backend)
+    impl = _backend(backend)
     geom = PRESETS["laguna-dflash"]
     gen = torch.Generator().manual_seed(7)
     lens = [100, 2049, 5]

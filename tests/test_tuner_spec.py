@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kernels import registry
 from kernels.presets import PRESETS
 from tuner.spec import Candidate, SpecError, load_spec, parse_spec, tomllib
 
@@ -32,7 +33,7 @@ def test_default_spec_ships_and_expands():
     assert len(cands) == 3 * 4 * 3 * 2 * 2
     assert len({c.key() for c in cands}) == len(cands)
     # parameters are resolved over the backend's defaults: {} gives the defaults in full
-    assert all(set(c.params_dict) == {"tile_n", "stages", "num_splits", "q_smem"} for c in cands)
+    assert all(set(c.params_dict) == {"tile_n", "stages", "num_splits", "q_smem", "wgmma"} for c in cands)
 
 
 def test_expansion_order_and_wire_round_trip():

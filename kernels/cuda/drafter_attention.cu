@@ -6,7 +6,9 @@
 //
 // Compile-time knobs (NVRTC -D): DTYPE_BF16 (1 bf16, 0 fp16), HEAD_DIM, PAGE_SIZE, TILE_N (keys
 // per pipeline stage), NUM_WARPS (16 packed query rows per warp), STAGES (cp.async depth),
-// Q_SMEM (Q kept in shared memory instead of registers).
+// Q_SMEM (Q kept in shared memory instead of registers), WGMMA (sm_90a: S = QK^T and O = PV on
+// warpgroup MMAs reading K/V straight from shared memory, once per 64 rows instead of once per
+// 16-row warp; K/V stages then use the no-swizzle core-matrix layout instead of padded rows).
 //
 // One CTA = one (request b, KV head, KV split). Its Qb*G query rows (all query heads sharing the KV
 // head, for every block position) form one M-tile, so each K/V byte is read once per split and
@@ -32,6 +34,12 @@
 #ifndef Q_SMEM
 #define Q_SMEM 0
 #endif
+#ifndef WGMMA
+#define WGMMA 0
+#endif
+#if WGMMA
+#include "wgmma.cuh"
+#endif
 
 using namespace drafter;
 
@@ -40,29 +48,81 @@ constexpr int D = HEAD_DIM;
 constexpr int N = TILE_N;
 constexpr int NT = NUM_WARPS * 32;
 constexpr int ROW_STRIDE = D + 8;  // +16 bytes per smem row: ldmatrix rows hit distinct banks
-constexpr int TILE_ELEMS = N * ROW_STRIDE;
 constexpr int CPR = D / 8;  // 16-byte chunks per K/V row
 constexpr int CHUNKS = N * CPR;
+constexpr int RG8 = N / 8;  // 8-row groups per tile
+constexpr int KSTEPS = D / 16;
+constexpr int NTILES = N / 8;
+constexpr int DTILES = D / 8;
+#if WGMMA
+// K/V stage layout [chunk of 8 columns][row][8]: every 8 rows x 16 bytes form one 128-byte core
+// matrix, the canonical no-swizzle layout wgmma reads (K-major for K, MN-major for V). A warp
+// loads 8 rows x 4 chunks per instruction (full 32-byte sectors, conflict-free smem writes);
+// consecutive instructions walk the 8-row groups first, so a thread touches few page ids.
+constexpr int TILE_ELEMS = N * D;
+constexpr bool CONTIG = false;
+constexpr int ITERS = CHUNKS / NT;
+static_assert(CHUNKS % NT == 0 && CPR % 4 == 0, "wgmma tile loads need whole warps");
+constexpr bool GROUPED = RG8 % NUM_WARPS == 0;  // a thread's rows cover RG8 / NUM_WARPS groups
+constexpr int PG = (PAGE_SIZE == 0 || PAGE_SIZE >= N) ? 1 : (GROUPED ? RG8 / NUM_WARPS : ITERS);
+__device__ __forceinline__ int load_row(int tid, int it) {
+  return (((tid >> 5) + NUM_WARPS * it) % RG8) * 8 + (tid & 7);
+}
+__device__ __forceinline__ int load_col(int tid, int it) {
+  return ((((tid >> 5) + NUM_WARPS * it) / RG8) * 4 + ((tid >> 3) & 3)) * 8;
+}
+__device__ __forceinline__ int tile_off(int row, int col) { return (col >> 3) * (N * 8) + row * 8; }
+// first row of the page-id slot j of this thread
+__device__ __forceinline__ int page_row(int tid, int j) {
+  return GROUPED ? ((tid >> 5) + NUM_WARPS * j) * 8 : load_row(tid, j);
+}
+__device__ __forceinline__ int page_slot(int it) { return PG == 1 ? 0 : (GROUPED ? it % PG : it); }
+#else
+constexpr int TILE_ELEMS = N * ROW_STRIDE;
 // Load mapping. CONTIG: CPR threads share a row (coalesced), and each thread walks ITERS
 // consecutive rows, so for page sizes >= ITERS a thread's rows sit in one page: one page-id
 // lookup per thread per tile. Otherwise rows are strided by NT / CPR.
 constexpr bool CONTIG = NT % CPR == 0 && N % (NT / CPR) == 0;
 constexpr int ITERS = CONTIG ? N / (NT / CPR) : (CHUNKS + NT - 1) / NT;
-constexpr int KSTEPS = D / 16;
-constexpr int NTILES = N / 8;
-constexpr int DTILES = D / 8;
 // Page ids a thread needs per tile: one when its rows never cross a page, else one per row.
 constexpr int PG = (PAGE_SIZE == 0 || PAGE_SIZE >= N || (CONTIG && PAGE_SIZE >= ITERS)) ? 1 : ITERS;
-
 __device__ __forceinline__ int load_row(int tid, int it) {
   return CONTIG ? (tid / CPR) * ITERS + it : (tid + it * NT) / CPR;
 }
+__device__ __forceinline__ int load_col(int tid, int it) { return (tid % CPR) * 8; }
+__device__ __forceinline__ int tile_off(int row, int col) { return row * ROW_STRIDE + col; }
+__device__ __forceinline__ int page_row(int tid, int j) {
+  return PG == 1 ? load_row(tid, 0) : load_row(tid, j);
+}
+__device__ __forceinline__ int page_slot(int it) { return PG == 1 ? 0 : it; }
+#endif
 
 static_assert(D % 16 == 0 && N % 16 == 0, "tile shapes must be multiples of 16");
 static_assert(NT % CPR == 0, "a thread must keep its column across load iterations");
 static_assert(PAGE_SIZE == 0 || (PAGE_SIZE & (PAGE_SIZE - 1)) == 0, "page size: power of two");
 
 enum { MASK_FULL = 0, MASK_SLIDING = 1, MASK_SLIDING_CAUSAL = 2 };
+
+#if WGMMA
+template <int NN>
+struct WgMma;
+template <>
+struct WgMma<32> {
+  static __device__ __forceinline__ void rs(float (&d)[4][4], const unsigned (&a)[4], unsigned long long b, int acc) { wgmma_rs_n32(d, a, b, acc); }
+  static __device__ __forceinline__ void rs_tb(float (&d)[4][4], const unsigned (&a)[4], unsigned long long b, int acc) { wgmma_rs_n32_tb(d, a, b, acc); }
+};
+template <>
+struct WgMma<64> {
+  static __device__ __forceinline__ void rs(float (&d)[8][4], const unsigned (&a)[4], unsigned long long b, int acc) { wgmma_rs_n64(d, a, b, acc); }
+  static __device__ __forceinline__ void rs_tb(float (&d)[8][4], const unsigned (&a)[4], unsigned long long b, int acc) { wgmma_rs_n64_tb(d, a, b, acc); }
+};
+template <>
+struct WgMma<128> {
+  static __device__ __forceinline__ void rs(float (&d)[16][4], const unsigned (&a)[4], unsigned long long b, int acc) { wgmma_rs_n128(d, a, b, acc); }
+  static __device__ __forceinline__ void rs_tb(float (&d)[16][4], const unsigned (&a)[4], unsigned long long b, int acc) { wgmma_rs_n128_tb(d, a, b, acc); }
+};
+static_assert(NUM_WARPS % 4 == 0, "wgmma needs whole warpgroups");
+#endif
 
 // Element offset of row `kp` of KV head `kvh` inside the cache. `loc` is the page id (paged) or
 // the slot id (arena).
@@ -144,16 +204,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     if (v >= n_ctx_here) return;
 #if PAGE_SIZE > 0
     const int kstart = (t0 + v) * N;
-    if (PG == 1) {
-      // first row of this thread (kstart < P <= capacity when a tile fits in a page)
-      const int kp = kstart + (PAGE_SIZE >= N ? 0 : load_row(tid, 0));
-      pg[0] = kp < P ? trow[kp / PAGE_SIZE] : 0;  // never read table entries past P
-    } else {
 #pragma unroll
-      for (int it = 0; it < PG; ++it) {
-        const int kp = kstart + load_row(tid, it);
-        pg[it] = kp < P ? trow[kp / PAGE_SIZE] : 0;
-      }
+    for (int j = 0; j < PG; ++j) {
+      // a slot's first row; its page holds all rows of the slot (kstart < P when PS >= N)
+      const int kp = kstart + (PAGE_SIZE >= N ? 0 : page_row(tid, j));
+      pg[j] = kp < P ? trow[kp / PAGE_SIZE] : 0;  // never read table entries past P
     }
 #else
     pg[0] = trow[0];  // the slot
@@ -167,7 +222,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       if (CONTIG || CHUNKS % NT == 0 || tid + it * NT < CHUNKS) {
-        const int row = load_row(tid, it), col = (tid % CPR) * 8;
+        const int row = load_row(tid, it), col = load_col(tid, it);
         long long off;
         bool valid;
         const elem_t *baseK, *baseV;
@@ -179,12 +234,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         } else {
           const int kp = kstart + row;
           valid = kp < P;
-          off = valid ? cache_offset(pg[PG == 1 ? 0 : it], kvh, hkv, kp, max_ctx) + col : 0;
+          off = valid ? cache_offset(pg[page_slot(it)], kvh, hkv, kp, max_ctx) + col : 0;
           baseK = k_cache;
           baseV = v_cache;
         }
-        cp_async_16(dK + row * ROW_STRIDE + col, baseK + off, valid);
-        cp_async_16(dV + row * ROW_STRIDE + col, baseV + off, valid);
+        cp_async_16(dK + tile_off(row, col), baseK + off, valid);
+        cp_async_16(dV + tile_off(row, col), baseV + off, valid);
       }
     }
   };
@@ -207,6 +262,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 
   for (int v = 0; v < n_iter; ++v) {
     cp_async_wait<STAGES - 2>();
+#if WGMMA
+    fence_proxy_async();  // cp.async data (generic proxy) is read next by wgmma (async proxy)
+#endif
     __syncthreads();  // tile v visible to all; stage (v-1)%STAGES free for reuse
     {
       const int vn = v + STAGES - 1;
@@ -215,7 +273,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       // Page ids for the tile after: loads stay in flight while this tile computes.
       if (vn + 1 < n_iter) lookup(vn + 1, pg);
     }
+#if WGMMA
+    if ((warp >> 2) * 64 >= M) continue;  // a warpgroup with no query rows only helps load
+#else
     if (warp * 16 >= M) continue;  // a warp with no query rows only helps load
+#endif
     const int stage = v % STAGES;
     const elem_t* cK = sK + stage * TILE_ELEMS;
     const elem_t* cV = sV + stage * TILE_ELEMS;
@@ -224,6 +286,24 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     float s[NTILES][4];
 #pragma unroll
     for (int n = 0; n < NTILES; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#if WGMMA
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+#if Q_SMEM
+      unsigned qa[4];
+      ldmatrix_x4(qa[0], qa[1], qa[2], qa[3],
+                  sQ + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * ROW_STRIDE + ks * 16 +
+                      (lane >> 4) * 8);
+#else
+      const unsigned(&qa)[4] = qf[ks];
+#endif
+      // B = K^T, K-major: LBO = next 8 columns (a chunk block of N rows), SBO = next 8 rows
+      WgMma<N>::rs(s, qa, wgmma_desc(cK + ks * 2 * N * 8, N * 16, 128), ks > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#else
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ++ks) {
 #if Q_SMEM
@@ -244,6 +324,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         mma_16816(s[2 * np + 1], qa, b2, b3);
       }
     }
+#endif
 
     // scale into the log2 domain; mask only tiles that some row cannot fully see
     const bool is_block = v >= n_ctx_here;
@@ -312,11 +393,21 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     }
 
     // O += P V; P's accumulator layout is already the A-fragment layout of the next mma
+#if WGMMA
+    wgmma_fence();  // o was rescaled by ordinary instructions
+#endif
 #pragma unroll
     for (int kk = 0; kk < N / 16; ++kk) {
       const unsigned a[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
                              pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                              pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#if WGMMA
+      // B = V, MN-major (transposed): LBO = next 8 keys, SBO = next 8 columns
+      WgMma<D>::rs_tb(o, a, wgmma_desc(cV + kk * 16 * 8, 128, N * 16), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#else
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         unsigned b0, b1, b2, b3;
@@ -327,6 +418,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         mma_16816(o[2 * dp + 1], a, b2, b3);
       }
     }
+#endif
   }
   cp_async_wait<0>();
 
