@@ -34,7 +34,8 @@ def kv_bytes_for(problem: Problem, max_ctx: int | None = None) -> int:
 @dataclass(frozen=True)
 class StepMemory:
     kv_bytes: int  # the workload's K/V (model above)
-    workspace_bytes: int  # allocated during the step beyond what was live before it
+    workspace_bytes: int  # allocated during the step beyond what was live before it (outputs,
+    #                       split-KV partials, any scratch)
     peak_bytes: int  # the allocator's peak during the step (everything live, K/V included)
 
     def as_dict(self) -> dict:
