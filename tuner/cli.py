@@ -1,0 +1,300 @@
+"""The `tuner` command: sweeps into the profile database, and what it holds.
+
+    tuner sweep SPEC [--db PATH]          measure a sweep spec (a TOML file, or "default")
+    tuner show [filters] [--format F]     the database's results as a table, CSV or JSON
+    tuner compile --sm 90,100,103         static compile profiles (no GPU needed)
+    tuner merge DST SRC [SRC ...]         merge databases (e.g. from several machines)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tuner.db import ProfileDB, SchemaError, default_path
+
+DB_HELP = """\
+profile database: --db PATH, else $DRAFTER_DB, else profiles/profile.db of the source checkout
+this tuner runs from (when it has a profiles/ folder), else
+~/.local/share/drafter-attn/profile.db ($XDG_DATA_HOME/drafter-attn/profile.db).
+Currently: {path}"""
+
+TABLE_COLUMNS = ["gpu_name", "sm", "preset", "mask", "layout", "page_size", "batch", "ctx_len", "impl",
+                 "params", "status", "median_us", "p10_us", "p90_us", "attention_median_us",
+                 "store_median_us", "roofline_fraction", "syncs", "kv_mib", "reason"]
+
+# Table-view headers (CSV and JSON keep the database's column names).
+SHORT_HEADERS = {"page_size": "page", "ctx_len": "ctx", "attention_median_us": "attn_us",
+                 "store_median_us": "store_us", "roofline_fraction": "roofline", "gpu_name": "gpu"}
+INT_COLUMNS = {"sm", "page_size", "batch", "ctx_len", "window", "count", "syncs", "syncs_debug",
+               "syncs_profiler", "syncs_nsys", "dtoh_copies", "kv_bytes", "workspace_bytes", "peak_bytes",
+               "registers", "spill_bytes", "smem_dynamic", "smem_static", "num_layers"}
+
+
+def _add_db(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", metavar="PATH", help="profile database (default: see `tuner --help`)")
+
+
+def _db_path(args):
+    return args.db or default_path()
+
+
+# ---------------------------------------------------------------------------------------------
+# sweep
+
+
+def cmd_sweep(args) -> int:
+    from tuner.spec import load_spec
+    from tuner.sweep import run_sweep
+
+    spec = load_spec(args.spec)
+    candidates = spec.candidates()
+    if args.dry_run:
+        for c in candidates:
+            print(c.label())
+        print(f"{len(candidates)} candidates from {spec.source}", file=sys.stderr)
+        return 0
+    devices = [d for d in args.devices.split(",") if d] if args.devices else None
+    path = _db_path(args)
+    print(f"sweep {spec.name!r}: {len(candidates)} candidates -> {path}", file=sys.stderr)
+    out = run_sweep(candidates, path, timeout_s=args.timeout or spec.timeout_s,
+                    options=dict(reps=spec.reps, nsys=spec.nsys), devices=devices,
+                    retry_failed=args.retry_failed, progress=not args.no_progress, name=spec.name)
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(out.by_status.items())) or "nothing measured"
+    print(f"sweep {out.sweep_id}: {summary}; {out.skipped} done before (skipped)", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# show
+
+
+def load_results(path, *, sm=None, gpu=None, preset=None, impl=None, status=None, layout=None,
+                 page_size=None, batch=None, ctx_len=None, sweep=None):
+    """Results joined with their environment, filtered, as a pandas DataFrame. `status` "failed"
+    matches every failed_* status."""
+    import pandas as pd
+
+    where, args = [], []
+    for column, value in (("e.sm", sm), ("r.preset", preset), ("r.impl", impl), ("r.layout", layout),
+                          ("r.page_size", page_size), ("r.batch", batch), ("r.ctx_len", ctx_len),
+                          ("r.sweep_id", sweep)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            args.append(value)
+    if gpu:
+        where.append("e.gpu_name LIKE ?")
+        args.append(f"%{gpu}%")
+    if status == "failed":
+        where.append("r.status LIKE 'failed%'")
+    elif status:
+        where.append("r.status = ?")
+        args.append(status)
+    sql = ("SELECT e.gpu_name, e.sm, e.driver, r.* FROM results r JOIN environments e USING (env_id)"
+           + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY r.id")
+    with ProfileDB(path, create=False) as db:
+        df = pd.read_sql_query(sql, db.conn, params=args)
+    # the most host syncs any detector layer measured (NULL where none ran)
+    df["syncs"] = df[["syncs_debug", "syncs_profiler", "syncs_nsys"]].apply(pd.to_numeric).max(axis=1)
+    df["kv_mib"] = df["kv_bytes"] / 2**20
+    return df
+
+
+def load_compile_profiles(path, sm=None):
+    import pandas as pd
+
+    sql = "SELECT * FROM compile_profiles" + (" WHERE sm = ?" if sm is not None else "") + " ORDER BY id"
+    with ProfileDB(path, create=False) as db:
+        return pd.read_sql_query(sql, db.conn, params=[sm] if sm is not None else [])
+
+
+def _compact_params(text) -> str:
+    try:
+        return ",".join(f"{k}={v}" for k, v in json.loads(text).items())
+    except (TypeError, ValueError):
+        return str(text)
+
+
+def print_frame(df, fmt: str, columns=None, title: str = "") -> None:
+    """`columns` of a DataFrame (default: all) as a rich table, CSV or JSON (records) on stdout."""
+    columns = [c for c in (columns or df.columns) if c in df.columns]
+    if fmt == "csv":
+        df[columns].to_csv(sys.stdout, index=False)
+        return
+    if fmt == "json":
+        sys.stdout.write(df[columns].to_json(orient="records", indent=1) + "\n")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title or None)
+    for c in columns:
+        table.add_column(SHORT_HEADERS.get(c, c), justify="right" if df[c].dtype.kind in "if" else "left",
+                         overflow="fold")
+    for row in df[columns].itertuples(index=False):
+        cells = []
+        for c, v in zip(columns, row):
+            if v is None or (isinstance(v, float) and v != v):
+                cells.append("")
+            elif c == "params":
+                cells.append(_compact_params(v))
+            elif isinstance(v, float) and c in INT_COLUMNS:  # ints with gaps come back as floats
+                cells.append(str(int(v)))
+            elif isinstance(v, float):
+                cells.append(f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}")
+            else:
+                cells.append(str(v))
+        table.add_row(*cells)
+    # A terminal folds wide cells; piped output keeps each row on one line.
+    Console(width=None if sys.stdout.isatty() else 1000).print(table)
+
+
+def cmd_show(args) -> int:
+    path = _db_path(args)
+    if args.compile:
+        df = load_compile_profiles(path, args.sm)
+        print_frame(df, args.format, ["sm", "arch", "variant", "kernel", "registers", "spill_bytes",
+                                      "smem_dynamic", "compile_s", "created_at"], f"compile profiles in {path}")
+        return 0
+    df = load_results(path, sm=args.sm, gpu=args.gpu, preset=args.preset, impl=args.impl,
+                      status=args.status, layout=args.layout, page_size=args.page_size, batch=args.batch,
+                      ctx_len=args.ctx_len, sweep=args.sweep)
+    if args.limit:
+        df = df.tail(args.limit)
+    # The table view shows the usual columns; CSV and JSON (and --all-columns) carry everything.
+    columns = TABLE_COLUMNS if args.format == "table" and not args.all_columns else None
+    print_frame(df, args.format, columns, f"{len(df)} results in {path}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# compile
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+
+
+def cmd_compile(args) -> int:
+    from kernels import nvrtc, static_profile
+    from kernels.presets import PRESETS
+
+    presets = None
+    if args.presets:
+        unknown = [p for p in args.presets.split(",") if p not in PRESETS]
+        if unknown:
+            raise SystemExit(f"tuner compile: --presets: unknown preset(s) {unknown}; known: {', '.join(PRESETS)}")
+        presets = {p: PRESETS[p] for p in args.presets.split(",")}
+    variants = static_profile.cupy_default_variants(args.pages, presets, sms=args.sm)
+    rows = static_profile.compile_variants(args.sm, variants, workers=args.workers)
+    static_profile.print_table(rows)
+    spills = [r for r in rows if r["spill_bytes"]]
+    if not args.no_db:
+        path = _db_path(args)
+        with ProfileDB(path) as db:
+            n = db.add_compile_rows(rows, nvrtc.sources_digest(), ".".join(map(str, nvrtc.nvrtc_version())))
+        print(f"{n} kernel profiles stored in {path}", file=sys.stderr)
+    if spills:
+        print(f"tuner compile: {len(spills)} kernel(s) spill registers (red rows)", file=sys.stderr)
+        return 1
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# merge
+
+
+def cmd_merge(args) -> int:
+    from tuner.db import merge
+
+    added = merge(args.dst, *args.src)
+    print(f"merged {len(args.src)} database(s) into {args.dst}: "
+          + ", ".join(f"{n} {table}" for table, n in added.items()), file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tuner", description=__doc__,
+                                 epilog=DB_HELP.format(path=default_path()),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("sweep", help="measure a sweep spec into the profile database",
+                       description="Measure every candidate of a sweep spec, each in a worker process "
+                       "(one per visible GPU); results are written as they finish, and a sweep run "
+                       "again skips what is done.", epilog=DB_HELP.format(path=default_path()),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spec", help='a TOML sweep spec, or "default" for the spec shipped with the tuner')
+    _add_db(p)
+    p.add_argument("--devices", help="CUDA_VISIBLE_DEVICES entries to use, e.g. 0,1 (default: every visible GPU)")
+    p.add_argument("--timeout", type=float, help="seconds per candidate (default: the spec's timeout_s)")
+    p.add_argument("--retry-failed", action="store_true", help="measure failed candidates again")
+    p.add_argument("--dry-run", action="store_true", help="list the candidates and stop")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("show", help="show results (pandas; table, CSV or JSON)",
+                       epilog=DB_HELP.format(path=default_path()),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_db(p)
+    p.add_argument("--sm", type=int, help="SM of the GPU, e.g. 90")
+    p.add_argument("--gpu", help="part of the GPU name, e.g. H200")
+    p.add_argument("--preset", help="geometry name (preset or spec geometry)")
+    p.add_argument("--impl", help="backend name")
+    p.add_argument("--status", help="ok, failed (any failure), failed_runtime, ..., unsupported")
+    p.add_argument("--layout", choices=["paged", "arena"])
+    p.add_argument("--page-size", type=int)
+    p.add_argument("--batch", type=int)
+    p.add_argument("--ctx-len", type=int)
+    p.add_argument("--sweep", help="sweep id")
+    p.add_argument("--limit", type=int, help="only the last N rows")
+    p.add_argument("--all-columns", action="store_true", help="every column in the table view")
+    p.add_argument("--compile", action="store_true", help="the static compile profiles instead")
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("compile", help="static compile profiles per SM (registers, smem, spills); no GPU",
+                       description="Compile the default kernel variants with NVRTC for each SM target, "
+                       "print registers / shared memory / spills, store them in the database; exit 1 "
+                       "when a kernel spills.", epilog=DB_HELP.format(path=default_path()),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sm", type=_int_list, default=(90, 100, 103), help="SM targets, e.g. 90,100,103")
+    p.add_argument("--presets", help="only these presets (comma-separated; default: all)")
+    p.add_argument("--pages", type=_int_list, default=(16, 64, 128),
+                   help="page sizes of the paged variants (default 16,64,128; the arena is always compiled)")
+    p.add_argument("--workers", type=int, help="parallel compiler processes (default: CPU count)")
+    _add_db(p)
+    p.add_argument("--no-db", action="store_true", help="print only; store nothing")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("merge", help="merge profile databases into DST (created when missing)")
+    p.add_argument("dst")
+    p.add_argument("src", nargs="+")
+    p.set_defaults(func=cmd_merge)
+    return ap
+
+
+def main(argv=None) -> int:
+    from tuner.spec import SpecError
+    from tuner.sweep import SweepError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (SchemaError, SpecError, SweepError) as exc:
+        print(f"tuner {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"tuner {args.command}: interrupted (finished results are in the database)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
