@@ -37,6 +37,8 @@
 #ifndef WGMMA
 #define WGMMA 0
 #endif
+// cache_offset, and the drafter_combine / drafter_store kernels of this module
+#include "combine_store.cuh"
 #if WGMMA
 #include "wgmma.cuh"
 #endif
@@ -124,16 +126,6 @@ struct WgMma<128> {
 static_assert(NUM_WARPS % 4 == 0, "wgmma needs whole warpgroups");
 #endif
 
-// Element offset of row `kp` of KV head `kvh` inside the cache. `loc` is the page id (paged) or
-// the slot id (arena).
-__device__ __forceinline__ long long cache_offset(int loc, int kvh, int hkv, int kp, int max_ctx) {
-#if PAGE_SIZE > 0
-  (void)max_ctx;
-  return ((static_cast<long long>(loc) * hkv + kvh) * PAGE_SIZE + (kp & (PAGE_SIZE - 1))) * D;
-#else
-  return ((static_cast<long long>(loc) * max_ctx + kp) * hkv + kvh) * D;
-#endif
-}
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(NT, 1)
@@ -459,89 +451,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         const float l = half ? l1 : l0, m = half ? m1 : m0;
         lse_part[row_base + r] = l > 0.f ? m + log2f(l) : -INFINITY;
       }
-    }
-  }
-}
-
-// Merge the splits of drafter_attention: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max).
-// One warp per packed row (b, kvh, r); partial layout [split][b][kvh][r][D], lse [split][b][kvh][r].
-extern "C" __global__ void __launch_bounds__(128)
-    drafter_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part,
-                    elem_t* __restrict__ out, int batch, int qb, int hq, int hkv, int group,
-                    int num_splits) {
-  constexpr int PER = D / 32;
-  const int M = qb * group;
-  const long long rows = static_cast<long long>(batch) * hkv * M;
-  const long long row = static_cast<long long>(blockIdx.x) * 4 + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= rows) return;
-  float lmax = -INFINITY;
-  for (int s = 0; s < num_splits; ++s) lmax = fmaxf(lmax, lse_part[s * rows + row]);
-  float acc[PER];
-#pragma unroll
-  for (int e = 0; e < PER; ++e) acc[e] = 0.f;
-  float wsum = 0.f;
-  if (lmax != -INFINITY) {
-    for (int s = 0; s < num_splits; ++s) {
-      const float w = fast_exp2(lse_part[s * rows + row] - lmax);
-      wsum += w;
-      const float* src = o_part + (s * rows + row) * D + lane * PER;
-#pragma unroll
-      for (int e = 0; e < PER; ++e) acc[e] += w * src[e];
-    }
-  }
-  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-  const int r = static_cast<int>(row % M);
-  const long long bk = row / M;
-  const int kvh = static_cast<int>(bk % hkv), b = static_cast<int>(bk / hkv);
-  elem_t* dst = out + ((static_cast<long long>(b) * qb + r / group) * hq + kvh * group + r % group) * D +
-                lane * PER;
-#pragma unroll
-  for (int e = 0; e < PER; e += 2)
-    *reinterpret_cast<unsigned*>(dst + e) = pack2(acc[e] * inv, acc[e + 1] * inv);
-}
-
-// Context store: rows j < num_new[b] of k_new/v_new [B, T, Hkv, D] go to positions P_b + j, then
-// ctx_lens[b] += num_new[b]. Grid (T, B). Every CTA of request b reads P_b before it arrives on
-// counters[b]; the last to arrive publishes the new length and resets the counter, so the launch
-// needs no second kernel and no host involvement. counters must start at zero.
-extern "C" __global__ void __launch_bounds__(128)
-    drafter_store(const elem_t* __restrict__ k_new, const elem_t* __restrict__ v_new,
-                  const int* __restrict__ num_new, elem_t* __restrict__ k_cache,
-                  elem_t* __restrict__ v_cache, const int* __restrict__ table,
-                  int* __restrict__ ctx_lens, int* __restrict__ counters, int T, int hkv,
-                  int table_stride, int capacity, int max_ctx) {
-  __shared__ int sP, sN;
-  const int j = blockIdx.x, b = blockIdx.y;
-  if (threadIdx.x == 0) {
-    const int P = ctx_lens[b];
-    const int n = max(0, min(min(num_new[b], T), capacity - P));  // never write past the cache
-    sP = P;
-    sN = n;
-  }
-  __syncthreads();
-  if (j < sN) {
-    const int pos = sP + j;
-#if PAGE_SIZE > 0
-    const int loc = table[static_cast<long long>(b) * table_stride + pos / PAGE_SIZE];
-#else
-    const int loc = table[b];
-#endif
-    const uint4* srcK = reinterpret_cast<const uint4*>(k_new + (static_cast<long long>(b) * T + j) * hkv * D);
-    const uint4* srcV = reinterpret_cast<const uint4*>(v_new + (static_cast<long long>(b) * T + j) * hkv * D);
-    for (int c = threadIdx.x; c < hkv * CPR; c += blockDim.x) {
-      const int h = c / CPR, col = (c % CPR) * 8;
-      const long long off = cache_offset(loc, h, hkv, pos, max_ctx) + col;
-      *reinterpret_cast<uint4*>(k_cache + off) = srcK[c];
-      *reinterpret_cast<uint4*>(v_cache + off) = srcV[c];
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(&counters[b], 1) == T - 1) {
-      ctx_lens[b] = sP + sN;
-      counters[b] = 0;
     }
   }
 }
