@@ -114,6 +114,7 @@ def measure_candidate(wire: dict, *, reps: int = 0, nsys: bool = False) -> dict:
     finally:
         try:
             torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # the next candidate's sizes differ: start from a clean pool
         except Exception as exc:  # a fault in the step: this process's CUDA context is gone
             if row.get("status") == "ok":
                 row.update(status="failed_runtime", reason=f"{type(exc).__name__}: {exc}")
