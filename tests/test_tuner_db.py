@@ -183,3 +183,15 @@ def test_candidate_key_depends_on_every_part():
     assert key != dbmod.candidate_key({"batch": 1}, 8, "cupy", {"tile_n": 64})
     assert key != dbmod.candidate_key({"batch": 1}, None, "other", {"tile_n": 64})
     assert key != dbmod.candidate_key({"batch": 1}, None, "cupy", {"tile_n": 32})
+
+
+def test_environment_id_and_software_versions():
+    from kernels import nvrtc
+    from tuner import env
+
+    assert env.env_id(FP) == env.env_id({**FP, "hostname": "elsewhere"})  # only FIELDS count
+    assert env.env_id(FP) != env.env_id({**FP, "driver": "580.0"})
+    assert env.env_id(FP) != env.env_id({**FP, "sources_hash": "def"})
+    sw = env.software_versions()
+    assert sw["sources_hash"] == nvrtc.sources_digest() and sw["torch"]
+    assert set(sw) | {"gpu_name", "sm", "sm_count", "driver"} == set(env.FIELDS)

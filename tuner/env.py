@@ -28,11 +28,12 @@ def _first_version(*dists: str) -> str | None:
     return next((v for v in map(_version, dists) if v), None)
 
 
-def _driver_version(index: int) -> str | None:
-    """The display driver (e.g. 580.95.05) from nvidia-smi, else the CUDA driver API version."""
+def _driver_version() -> str | None:
+    """The display driver (e.g. 580.95.05; one per host) from nvidia-smi, else the CUDA driver
+    API version."""
     try:
         out = subprocess.run(
-            ["nvidia-smi", f"--id={index}", "--query-gpu=driver_version", "--format=csv,noheader"],
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
             capture_output=True, text=True, timeout=20, check=True,
         ).stdout.strip()
         if out:
@@ -77,7 +78,7 @@ def fingerprint(device_index: int = 0) -> dict:
         gpu_name=props.name,
         sm=props.major * 10 + props.minor,
         sm_count=props.multi_processor_count,
-        driver=_driver_version(device_index),
+        driver=_driver_version(),
         **software_versions(),
     )
 
