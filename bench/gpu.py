@@ -1,0 +1,113 @@
+"""The GPU at hand: which CUDA devices torch sees, and the checks `bench decode` makes before it
+measures anything (a CUDA GPU exists; `--sm` names the SM of one of them)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+from bench.options import BenchError
+
+# Only for messages: what a user might have meant by an SM number.
+SM_NAMES = {
+    80: "A100 / A30 (Ampere)",
+    86: "RTX 30xx / A10 (Ampere)",
+    89: "L4 / L40 / RTX 40xx (Ada)",
+    90: "H100 / H200 / GH200 (Hopper)",
+    100: "B200 / GB200 (Blackwell)",
+    103: "B300 / GB300 (Blackwell Ultra)",
+    110: "Jetson Thor",
+    120: "RTX 50xx / RTX PRO Blackwell",
+    121: "DGX Spark (GB10)",
+}
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    sm: int
+    sm_count: int
+    memory_bytes: int
+
+    def describe(self) -> str:
+        return f"cuda:{self.index} {self.name} (SM {self.sm}, {self.sm_count} SMs, " \
+               f"{self.memory_bytes / 2**30:.0f} GiB)"
+
+
+def probe() -> list[GpuInfo]:
+    """Every CUDA device torch sees (empty without one)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    out = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        out.append(GpuInfo(i, p.name, p.major * 10 + p.minor, p.multi_processor_count, p.total_memory))
+    return out
+
+
+def _sm_text(sm: int) -> str:
+    name = SM_NAMES.get(sm)
+    return f"SM {sm} ({name})" if name else f"SM {sm}"
+
+
+def _tuner_show_exists() -> bool:
+    try:
+        return importlib.util.find_spec("tuner.cli") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def no_gpu_message(command: str) -> str:
+    import torch
+
+    cuda = torch.version.cuda
+    build = f"a CUDA {cuda} build" if cuda else "a CPU-only build: torch.version.cuda is None"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    lines = [
+        f"{command}: no CUDA GPU found: torch {torch.__version__} ({build}) reports "
+        f"torch.cuda.is_available() = False"
+        + (f", with CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else "") + ".",
+        f"{command} measures kernels on a GPU; run it on a machine with an NVIDIA GPU "
+        f"(check nvidia-smi and that torch is a CUDA build).",
+        "Without a GPU you can still run:",
+        "  bench memory --preset NAME --max-ctx 1M --concurrency 16   (arena against paged KV footprint)",
+        "  bench report [--sm N]                                      (plots and summary of recorded results)",
+    ]
+    if _tuner_show_exists():
+        lines.append("  tuner show --sm N                                          (recorded profiles)")
+    return "\n".join(lines)
+
+
+def mismatch_message(command: str, requested: int, gpus: list[GpuInfo]) -> str:
+    found = "; ".join(g.describe() for g in gpus)
+    here = sorted({g.sm for g in gpus})
+    lines = [
+        f"{command}: --sm {requested} does not match the GPU here: {found}.",
+        f"{command} measures the GPU at hand, so it cannot measure {_sm_text(requested)} on this machine.",
+        "What you can do instead:",
+        f"  - measure this GPU: run without --sm, or with --sm {here[0]}"
+        + (f" (or {', '.join(map(str, here[1:]))})" if len(here) > 1 else ""),
+        f"  - run the same command on a machine with an {_sm_text(requested)} GPU",
+        f"  - see what is recorded for SM {requested}: bench report --sm {requested}",
+    ]
+    if _tuner_show_exists():
+        lines.append(f"    or tuner show --sm {requested}")
+    return "\n".join(lines)
+
+
+def require_gpu(sm: int | None, command: str = "bench decode", gpus: list[GpuInfo] | None = None) -> GpuInfo:
+    """The device to measure on: the first GPU (or the first whose SM is `sm`). Raises BenchError
+    (exit code 2) with what was found and what to do instead."""
+    gpus = probe() if gpus is None else gpus
+    if not gpus:
+        raise BenchError(no_gpu_message(command))
+    if sm is None:
+        return gpus[0]
+    for g in gpus:
+        if g.sm == sm:
+            return g
+    raise BenchError(mismatch_message(command, sm, gpus))

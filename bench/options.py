@@ -1,0 +1,195 @@
+"""Option values of the `bench` command: sizes, head counts, SM numbers and the geometry.
+
+Every parser raises `argparse.ArgumentTypeError` with a message that names what it expected, so
+argparse reports "argument --page: ..." and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from bench.attention_table import parse_sizes
+
+
+class BenchError(Exception):
+    """Something the user must change (the GPU, an option, a missing file). The message is
+    printed as is; the command exits with `exit_code`."""
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
+
+
+def sizes(text: str, *, what: str = "sizes", minimum: int = 1, power_of_two: bool = False) -> list[int]:
+    """'2k,8k,32k' -> [2048, 8192, 32768] (k = 1024, M = 1024 * 1024), each a whole number of at
+    least `minimum` (and a power of two when asked), duplicates dropped, order kept."""
+    parts = [p for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated {what} like 2k,8k,32k; got {text!r}")
+    out = []
+    for part in parts:
+        m = _SIZE.match(part)
+        if not m:
+            raise argparse.ArgumentTypeError(
+                f"cannot read {part.strip()!r} as one of the {what}: expected a whole number, "
+                f"optionally with k (x1024) or M (x1048576), e.g. 128k or 1M")
+        (value,) = parse_sizes(part)
+        if float(m.group(1)) * {"": 1, "k": 1024, "m": 1 << 20}[m.group(2).lower()] != value:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a whole number of {what}")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{what} must be at least {minimum}, got {part.strip()!r}")
+        if power_of_two and value & (value - 1):
+            raise argparse.ArgumentTypeError(f"{what} must be powers of two, got {part.strip()!r}")
+        out.append(value)
+    return list(dict.fromkeys(out))
+
+
+def size(text: str, *, what: str = "size", minimum: int = 1) -> int:
+    values = sizes(text, what=what, minimum=minimum)
+    if len(values) != 1:
+        raise argparse.ArgumentTypeError(f"expected one {what}, got {text!r}")
+    return values[0]
+
+
+def batches(text: str) -> list[int]:
+    return sizes(text, what="batch sizes")
+
+
+def contexts(text: str) -> list[int]:
+    return sizes(text, what="context lengths", minimum=0)
+
+
+def pages(text: str) -> list[int]:
+    return sizes(text, what="page sizes", minimum=1, power_of_two=True)
+
+
+def max_ctx(text: str) -> int:
+    return size(text, what="max context (tokens)")
+
+
+def concurrency(text: str) -> int:
+    return size(text, what="concurrency (requests)")
+
+
+def chunks(text: str) -> list[int]:
+    return sizes(text, what="chunk sizes (tokens)")
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def heads(text: str) -> tuple[int, int]:
+    """'32/8' -> (32 query heads, 8 KV heads); '32' -> (32, 32)."""
+    m = re.fullmatch(r"\s*(\d+)\s*(?:/\s*(\d+)\s*)?", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected query/KV heads like 32/8, got {text!r}")
+    hq = int(m.group(1))
+    hkv = int(m.group(2)) if m.group(2) else hq
+    if hq <= 0 or hkv <= 0:
+        raise argparse.ArgumentTypeError(f"head counts must be positive, got {text!r}")
+    if hq % hkv:
+        raise argparse.ArgumentTypeError(f"query heads {hq} are not a multiple of KV heads {hkv} ({text!r})")
+    return hq, hkv
+
+
+def sm(text: str) -> int:
+    """'90', 'sm90', 'sm_90', 'sm_90a' or '9.0' -> 90."""
+    t = text.strip().lower()
+    m = re.fullmatch(r"(?:sm_?)?(\d+)([af]?)", t) or re.fullmatch(r"(\d+)\.(\d)", t)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected an SM number like 90, 100 or sm_90a, got {text!r}")
+    value = int(m.group(1)) * 10 + int(m.group(2)) if "." in t else int(m.group(1))
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive SM number, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# The geometry: a preset, with any field overridden by an explicit option.
+
+GEOMETRY_OPTIONS = ("heads", "head_dim", "block", "mask", "window", "layers", "dtype")
+
+
+def add_geometry_options(parser: argparse.ArgumentParser) -> None:
+    from kernels.presets import MAIN_PRESET, PRESETS
+    from kernels.spec import DTYPES, MASKS
+
+    g = parser.add_argument_group(
+        "geometry", f"a preset (default {MAIN_PRESET}); each explicit option overrides that field")
+    g.add_argument("--preset", default=None, choices=list(PRESETS), metavar="NAME",
+                   help=f"drafter preset: {', '.join(PRESETS)}")
+    g.add_argument("--heads", type=heads, metavar="HQ/HKV", help="query/KV heads, e.g. 32/8")
+    g.add_argument("--head-dim", type=positive_int, metavar="D")
+    g.add_argument("--block", type=positive_int, metavar="QB", help="block size (queries per request)")
+    g.add_argument("--mask", choices=list(MASKS))
+    g.add_argument("--window", type=positive_int, metavar="W", help="window of the sliding masks")
+    g.add_argument("--layers", type=positive_int, metavar="L")
+    g.add_argument("--dtype", choices=list(DTYPES))
+
+
+def geometry_from_args(args) -> tuple[object, str]:
+    """(Geometry, label): the preset's name when no field was overridden, else 'custom' plus the
+    fields. Raises BenchError naming the bad field."""
+    from kernels.presets import MAIN_PRESET, get_preset
+
+    base_name = args.preset or MAIN_PRESET
+    base = get_preset(base_name)
+    changes = {}
+    if args.heads is not None:
+        changes["num_q_heads"], changes["num_kv_heads"] = args.heads
+    for opt, field in (("head_dim", "head_dim"), ("block", "block_size"), ("mask", "mask"),
+                       ("window", "window"), ("layers", "num_layers"), ("dtype", "dtype")):
+        value = getattr(args, opt)
+        if value is not None:
+            changes[field] = value
+    if args.mask == "full" and args.window is not None:
+        raise BenchError("--window applies to the sliding masks only (--mask full has no window)")
+    if args.mask in ("sliding", "sliding_causal") and args.window is None and base.window is None:
+        raise BenchError(f"--mask {args.mask} needs --window W (the sliding window in tokens)")
+    if "mask" in changes and changes["mask"] == "full":
+        changes["window"] = None
+    try:
+        geometry = base.with_(**changes)
+    except ValueError as exc:
+        raise BenchError(f"invalid geometry: {exc}") from None
+    if not changes or geometry == base:
+        return geometry, base_name
+    return geometry, "custom:" + describe(geometry)
+
+
+def describe(g) -> str:
+    """'32/8 d128 b16 full L5 bf16'-style short description of a geometry."""
+    mask = g.mask if g.window is None else f"{g.mask}{g.window}"
+    dt = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(g.dtype, g.dtype)
+    return f"{g.num_q_heads}/{g.num_kv_heads} d{g.head_dim} b{g.block_size} {mask} L{g.num_layers} {dt}"
