@@ -1,0 +1,202 @@
+"""What `bench decode` / `bench prefill` show and write: a rich table in the terminal, and CSV,
+JSON (rows plus environment and command line) and a PNG plot (step latency against context, one
+line per page size, arena and the baseline beside) in the results folder."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from bench.memory import fmt_bytes
+
+# CSV column order (anything else a row carries follows).
+COLUMNS = (
+    "step", "chunk", "preset", "impl_option", "impl", "params", "impl_note", "scope", "layout",
+    "page_size", "batch", "ctx", "accepted", "rows_stored", "layers", "status", "reason",
+    "median_us", "p10_us", "p90_us", "mean_us", "min_us", "count", "repeat_median_us", "l2_flushed",
+    "overhead_pct", "attention_median_us", "attention_p10_us", "attention_p90_us",
+    "store_median_us", "store_p10_us", "store_p90_us",
+    "syncs", "syncs_debug", "syncs_profiler", "sync_host_us", "dtoh_copies", "syncs_nsys",
+    "sync_host_us_nsys", "graph_capturable", "sync_note",
+    "bytes_moved", "bandwidth_gbs", "copy_bandwidth_gbs", "roofline_fraction", "rel_err",
+    "kv_concurrency", "kv_max_ctx", "kv_model_bytes", "kv_arena_model_bytes", "kv_arena_over_paged",
+    "kv_bytes", "workspace_bytes", "peak_bytes", "elapsed_s",
+)
+
+
+INT_COLUMNS = ("chunk", "page_size", "batch", "ctx", "layers", "count", "syncs", "syncs_debug",
+               "syncs_profiler", "dtoh_copies", "syncs_nsys", "bytes_moved", "kv_concurrency",
+               "kv_max_ctx", "kv_model_bytes", "kv_arena_model_bytes", "kv_bytes", "workspace_bytes",
+               "peak_bytes")
+
+
+def frame(rows: list[dict]) -> pd.DataFrame:
+    """The rows as a table, known columns first; integer columns stay integers beside blanks."""
+    df = pd.DataFrame(rows)
+    cols = [c for c in COLUMNS if c in df] + [c for c in df if c not in COLUMNS]
+    df = df[cols]
+    for c in INT_COLUMNS:
+        if c in df:
+            df[c] = pd.to_numeric(df[c]).round().astype("Int64")
+    return df
+
+
+def _num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _f(x, fmt: str, none: str = "-") -> str:
+    return format(x, fmt) if _num(x) else none
+
+
+def _layout(r: dict) -> str:
+    return f"paged {r['page_size']}" if r["layout"] == "paged" else "arena"
+
+
+def _ctx(n: int) -> str:
+    if n >= 1024 and n % 1024 == 0:
+        return f"{n // (1 << 20)}M" if n % (1 << 20) == 0 else f"{n // 1024}k"
+    return str(n)
+
+
+def sort_key(r: dict):
+    base = r["impl"] == "flashinfer-fa2"
+    return (r["step"], r.get("chunk") or 0, r["batch"], r["ctx"], base, r["impl_option"],
+            r["layout"] != "arena", r.get("page_size") or 0)
+
+
+def print_table(rows: list[dict], title: str, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=220)
+    t = Table(title=title, title_justify="left", show_lines=False, header_style="bold")
+    for name, justify in (("step", "left"), ("impl", "left"), ("layout", "left"), ("B", "right"),
+                          ("ctx", "right"), ("median us", "right"), ("p10-p90 us", "right"),
+                          ("attn us", "right"), ("store us", "right"), ("over arena", "right"),
+                          ("syncs", "right"), ("KV (model)", "right"), ("GB/s", "right"),
+                          ("roofline", "right"), ("rel err", "right"), ("status", "left")):
+        t.add_column(name, justify=justify, no_wrap=name not in ("status",))
+    for r in sorted(rows, key=sort_key):
+        ok = r.get("status") == "ok"
+        step = r["step"] + (f" {_ctx(r['chunk'])}" if r.get("chunk") else "")
+        impl = r["impl"] + (f" (attn x{r['layers']})" if r.get("scope", "step") != "step" else "")
+        over = r.get("overhead_pct")
+        over_s = "-"
+        if _num(over):
+            style = "green" if abs(over) <= 1 else ("yellow" if over <= 5 else "red")
+            over_s = f"[{style}]{over:+.2f}%[/]"
+        syncs = r.get("syncs")
+        syncs_s = "n/a" if syncs is None else (f"[red]{syncs}[/]" if syncs else "0")
+        kv = r.get("kv_model_bytes")
+        status = "ok" if ok else f"[red]{r.get('status')}[/]: {str(r.get('reason') or '').splitlines()[0][:80]}" \
+            if r.get("reason") else str(r.get("status"))
+        t.add_row(step, impl, _layout(r), str(r["batch"]), _ctx(r["ctx"]),
+                  _f(r.get("median_us"), ".1f"),
+                  f"{_f(r.get('p10_us'), '.1f')}-{_f(r.get('p90_us'), '.1f')}" if ok else "-",
+                  _f(r.get("attention_median_us"), ".1f"), _f(r.get("store_median_us"), ".1f"),
+                  over_s, syncs_s if ok else "-", fmt_bytes(kv) if _num(kv) else "-",
+                  _f(r.get("bandwidth_gbs"), ".0f"), _f(r.get("roofline_fraction"), ".2f"),
+                  _f(r.get("rel_err"), ".1e"), status)
+    console.print(t)
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    frame(rows).to_csv(path, index=False)
+
+
+def _jsonable(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def write_json(rows: list[dict], meta: dict, settings: dict, path: Path, summary: list[str]) -> None:
+    doc = dict(environment=meta, settings=settings, summary=summary,
+               rows=[{k: _jsonable(v) for k, v in r.items()} for r in rows])
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+
+def series_label(r: dict) -> str:
+    if r["impl"] == "flashinfer-fa2":
+        return f"FlashInfer fa2 page {r['page_size']} (attention x{r['layers']})"
+    impl = r["impl_option"] if r["impl_option"] == r["impl"] else f"{r['impl_option']}->{r['impl']}"
+    return f"{impl} {_layout(r)}"
+
+
+def _style(r: dict, pages: list, cmap) -> dict:
+    if r["impl"] == "flashinfer-fa2":
+        k = pages.index(r["page_size"]) if r["page_size"] in pages else 0
+        return dict(color=("tab:red", "tab:orange", "tab:pink", "tab:brown")[k % 4], linestyle="--", marker="x")
+    if r["layout"] == "arena":
+        return dict(color="black", linestyle="-", marker="s", linewidth=2)
+    k = pages.index(r["page_size"])
+    return dict(color=cmap(0.15 + 0.7 * k / max(1, len(pages) - 1)), linestyle="-", marker="o")
+
+
+def _ctx_axis(ax, ctxs) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ctxs, [_ctx(c) for c in ctxs])
+    ax.minorticks_off()
+    ax.set_xlabel("context length (tokens)")
+    ax.grid(True, alpha=0.3)
+
+
+def plot(rows: list[dict], path: Path, title: str) -> bool:
+    """Per step kind, two rows of panels (one panel per batch): median step latency (p10-p90
+    bars) against context, one line per series (arena solid black, pages coloured, the baseline
+    dashed); and the paged-over-arena overhead in percent (the 1% goal shaded). False when no
+    row was measured ok."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r.get("status") == "ok" and _num(r.get("median_us"))]
+    if not ok:
+        return False
+    steps = sorted({(r["step"], r.get("chunk") or 0) for r in ok}, key=lambda s: (s[0] != "decode", s[1]))
+    batches = sorted({r["batch"] for r in ok})
+    fig, axes = plt.subplots(2 * len(steps), len(batches), squeeze=False,
+                             figsize=(4.6 * len(batches), 3.4 * 2 * len(steps)))
+    pages = sorted({r["page_size"] for r in ok if r["layout"] == "paged"})
+    cmap = plt.get_cmap("viridis")
+    for i, (step, chunk) in enumerate(steps):
+        name = step + (f" chunk {_ctx(chunk)}" if chunk else "")
+        for j, batch in enumerate(batches):
+            ax, ax_over = axes[2 * i][j], axes[2 * i + 1][j]
+            panel = [r for r in ok if r["step"] == step and (r.get("chunk") or 0) == chunk and r["batch"] == batch]
+            ctxs = sorted({max(r["ctx"], 1) for r in panel})
+            for label in sorted({series_label(r) for r in panel}):
+                pts = sorted((r for r in panel if series_label(r) == label), key=lambda r: r["ctx"])
+                style = _style(pts[0], pages, cmap)
+                x = [max(r["ctx"], 1) for r in pts]
+                y = [r["median_us"] for r in pts]
+                lo = [max(0.0, r["median_us"] - r["p10_us"]) if _num(r.get("p10_us")) else 0 for r in pts]
+                hi = [max(0.0, r["p90_us"] - r["median_us"]) if _num(r.get("p90_us")) else 0 for r in pts]
+                ax.errorbar(x, y, yerr=[lo, hi], label=label, capsize=2, markersize=4, **style)
+                over = [(max(r["ctx"], 1), r["overhead_pct"]) for r in pts if _num(r.get("overhead_pct"))]
+                if over:
+                    ax_over.plot(*zip(*over), label=label, markersize=4, **style)
+            _ctx_axis(ax, ctxs)
+            ax.set_ylim(bottom=0)
+            ax.set_ylabel("step latency, median (us)")
+            ax.set_title(f"{name}, batch {batch}", fontsize=10)
+            ax.legend(fontsize=7)
+            _ctx_axis(ax_over, ctxs)
+            ax_over.axhspan(-1, 1, color="tab:green", alpha=0.12, label="within 1%")
+            ax_over.axhline(0, color="black", linewidth=1)
+            ax_over.set_ylabel("paged over arena (%)")
+            ax_over.set_title(f"{name}, batch {batch}: paged overhead", fontsize=10)
+            ax_over.legend(fontsize=7)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

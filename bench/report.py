@@ -1,0 +1,219 @@
+"""`bench report`: plots and a short markdown summary from the profile database (no GPU needed).
+
+Rows are the database's `ok` results (from `bench decode` and `tuner sweep` alike), the latest per
+environment and candidate. For each GPU (SM, name) and geometry: one PNG of step latency against
+context (one panel per batch; arena, each page size, and the FlashInfer baseline, whose one-layer
+attention rows are scaled by the layer count), and in report.md the paged-over-arena overhead per
+page size and a latency table.
+
+Context steps (`bench prefill`) are rows whose stored rows per request (the `accepted` column)
+exceed the block size; they are summarised apart from decode steps, as "context <rows>".
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pandas as pd
+
+from bench.options import BenchError
+
+GEOM_COLS = ["num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window", "num_layers", "dtype"]
+BASELINE_IMPL = "flashinfer-fa2"
+
+
+def load(db_path, sm: int | None = None, preset: str | None = None) -> pd.DataFrame:
+    from tuner.db import ProfileDB, SchemaError
+
+    try:
+        db = ProfileDB(db_path, create=False)
+    except SchemaError as exc:
+        raise BenchError(f"bench report: {exc}") from None
+    try:
+        sql = ("SELECT r.*, e.gpu_name, e.sm FROM results r JOIN environments e ON r.env_id = e.env_id "
+               "WHERE r.status = 'ok' AND r.median_us IS NOT NULL")
+        args: list = []
+        if sm is not None:
+            sql += " AND e.sm = ?"
+            args.append(sm)
+        rows = db.query(sql, args)
+    finally:
+        db.close()
+    df = pd.DataFrame(rows)
+    if df.empty:
+        where = f" for SM {sm}" if sm is not None else ""
+        raise BenchError(f"bench report: no measured (ok) results{where} in {db_path}; run "
+                         f"`bench decode` on a GPU{where and f' of SM {sm}'} first")
+    df = df.sort_values("created_at").drop_duplicates(["env_id", "candidate_key"], keep="last")
+    df["window"] = df["window"].astype("Int64")
+    df["step"] = [f"context {a:g}" if pd.notna(a) and a > b else "decode"
+                  for a, b in zip(df["accepted"], df["block_size"])]
+    df = _attach_baseline(df)
+    if preset is not None:
+        df = df[df["preset"] == preset]
+        if df.empty:
+            raise BenchError(f"bench report: no measured results for preset {preset!r} in {db_path}")
+    return df
+
+
+def _attach_baseline(df: pd.DataFrame) -> pd.DataFrame:
+    """FlashInfer rows are one layer's attention: copy them onto every drafter geometry of the
+    same shape (same SM), scaled by its layer count."""
+    base = df[df["impl"] == BASELINE_IMPL]
+    ours = df[df["impl"] != BASELINE_IMPL]
+    keys = [c for c in GEOM_COLS if c != "num_layers"]
+    extra = []
+    for _, g in ours.drop_duplicates(["sm", *GEOM_COLS]).iterrows():
+        match = base[(base["sm"] == g["sm"]) & (base["num_layers"] == 1)]
+        for k in keys:
+            match = match[(match[k] == g[k]) | (match[k].isna() & pd.isna(g[k]))]
+        if match.empty:
+            continue
+        m = match.copy()
+        L = int(g["num_layers"])
+        for c in ("median_us", "p10_us", "p90_us"):
+            m[c] = m[c] * L
+        m["num_layers"] = L
+        m["preset"] = g["preset"]
+        m["impl"] = f"{BASELINE_IMPL} (attention x{L})"
+        extra.append(m)
+    return pd.concat([ours, *extra], ignore_index=True) if extra else ours.reset_index(drop=True)
+
+
+def _geometry_label(row) -> str:
+    from bench.options import describe
+    from kernels.spec import Geometry
+
+    g = Geometry(int(row["num_q_heads"]), int(row["num_kv_heads"]), int(row["head_dim"]),
+                 int(row["block_size"]), row["mask"], None if pd.isna(row["window"]) else int(row["window"]),
+                 int(row["num_layers"]), row["dtype"])
+    return describe(g)
+
+
+def overheads(df: pd.DataFrame) -> pd.DataFrame:
+    """Paged over arena, percent, per (group, impl, accepted, page, batch, ctx)."""
+    keys = ["sm", "gpu_name", *GEOM_COLS, "step", "impl", "accepted", "batch", "ctx_len"]
+    d = df.copy()
+    d["accepted"] = d["accepted"].fillna(-1)
+    arena = d[d["layout"] == "arena"].set_index(keys)["median_us"]
+    paged = d[(d["layout"] == "paged") & ~d["impl"].str.startswith(BASELINE_IMPL)].copy()
+    if paged.empty or arena.empty:
+        return paged.assign(overhead_pct=pd.Series(dtype=float))
+    idx = pd.MultiIndex.from_frame(paged[keys])
+    paged["overhead_pct"] = (paged["median_us"].to_numpy() / arena.reindex(idx).to_numpy() - 1) * 100
+    return paged.dropna(subset=["overhead_pct"])
+
+
+def _series(r) -> str:
+    if r["layout"] == "arena":
+        return f"{r['impl']} arena"
+    return f"{r['impl']} page {int(r['page_size'])}"
+
+
+def plot_group(g: pd.DataFrame, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = sorted(g["step"].unique(), key=lambda s: s != "decode")
+    batches = sorted(g["batch"].unique())
+    fig, axes = plt.subplots(len(steps), len(batches), squeeze=False,
+                             figsize=(4.6 * len(batches), 3.6 * len(steps)))
+    pages = sorted(g.loc[g["layout"] == "paged", "page_size"].dropna().unique())
+    cmap = plt.get_cmap("viridis")
+    for i, step in enumerate(steps):
+        for j, batch in enumerate(batches):
+            ax = axes[i][j]
+            panel = g[(g["step"] == step) & (g["batch"] == batch)].copy()
+            panel["series"] = [_series(r) for _, r in panel.iterrows()]
+            panel = panel.sort_values("created_at").drop_duplicates(["series", "ctx_len", "accepted"], keep="last")
+            for label, s in panel.groupby("series"):
+                s = s.sort_values("ctx_len")
+                r0 = s.iloc[0]
+                if str(r0["impl"]).startswith(BASELINE_IMPL):
+                    style = dict(color="tab:red", linestyle="--", marker="x")
+                elif r0["layout"] == "arena":
+                    style = dict(color="black", marker="s", linewidth=2)
+                else:
+                    k = pages.index(r0["page_size"])
+                    style = dict(color=cmap(0.15 + 0.7 * k / max(1, len(pages) - 1)), marker="o")
+                x = s["ctx_len"].clip(lower=1)
+                lo = (s["median_us"] - s["p10_us"].fillna(s["median_us"])).clip(lower=0)
+                hi = (s["p90_us"].fillna(s["median_us"]) - s["median_us"]).clip(lower=0)
+                ax.errorbar(x, s["median_us"], yerr=[lo, hi],
+                            label=label, capsize=2, markersize=4, **style)
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(bottom=0)
+            ax.set_xlabel("context length (tokens)")
+            ax.set_ylabel("latency, median (us)")
+            ax.set_title(f"{step}, batch {batch}", fontsize=10)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _cell(x) -> str:
+    if x is None or (isinstance(x, float) and x != x) or x is pd.NA:
+        return ""
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    return str(x)
+
+
+def _md_table(df: pd.DataFrame) -> str:
+    """A GitHub markdown table (pandas' to_markdown needs tabulate, which is not a dependency)."""
+    if df.empty:
+        return "(none)"
+    head = [str(c) for c in df.columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for row in df.itertuples(index=False):
+        lines.append("| " + " | ".join(_cell(x) for x in row) + " |")
+    return "\n".join(lines)
+
+
+def build(df: pd.DataFrame, out: Path, db_path) -> tuple[Path, list[Path]]:
+    """Write the PNGs and report.md under `out`; returns the markdown's path and the PNGs'."""
+    out.mkdir(parents=True, exist_ok=True)
+    ov = overheads(df)
+    lines = [f"# bench report, {dt.date.today():%Y-%m-%d}", "",
+             f"From `{db_path}`: {len(df)} measured rows (latest per candidate), "
+             f"{df['env_id'].nunique()} environment(s).",
+             "Latency is the whole drafter step (every layer: store + attention), median of CUDA graph "
+             "replays; FlashInfer rows are one layer's attention times the layer count. The goal: paged "
+             "within 1% of arena at page sizes 64 and 128.", ""]
+    plots: list[Path] = []
+    groups = df.groupby(["sm", "gpu_name", *GEOM_COLS], dropna=False, sort=True)
+    for key, g in groups:
+        sm, gpu = int(key[0]), key[1]
+        first = g.iloc[0]
+        names = sorted({p for p in g["preset"].dropna().unique()})
+        geom = _geometry_label(first)
+        label = f"{', '.join(names)} ({geom})" if names else geom
+        slug = (names[0] if names else geom.replace("/", "-").replace(" ", "_"))
+        png = out / f"report-sm{sm}-{slug}.png"
+        plot_group(g, png, f"{gpu} (SM {sm}): {label}")
+        plots.append(png)
+        lines += [f"## SM {sm}, {gpu}: {label}", "", f"![latency]({png.name})", ""]
+        gov = ov.merge(g[["uid"]], on="uid") if not ov.empty else ov
+        if not gov.empty:
+            s = (gov.groupby(["step", "impl", "page_size"])["overhead_pct"]
+                 .agg(median="median", min="min", max="max", rows="count").reset_index())
+            within = gov.assign(ok=gov["overhead_pct"] <= 1).groupby(["step", "impl", "page_size"])["ok"].mean()
+            s["within 1%"] = [f"{within[(a, b, c)]:.0%}" for a, b, c in zip(s["step"], s["impl"], s["page_size"])]
+            s["page_size"] = s["page_size"].astype(int)
+            s = s.rename(columns={"median": "median overhead %", "min": "min %", "max": "max %"})
+            lines += ["Paged over arena (percent of the arena step's median latency):", "", _md_table(s), ""]
+        t = g.copy()
+        t["series"] = [_series(r) for _, r in t.iterrows()]
+        wide = (t.pivot_table(index=["step", "batch", "ctx_len"], columns="series", values="median_us", aggfunc="last")
+                .reset_index())
+        wide.columns.name = None
+        lines += ["Median latency (us):", "", _md_table(wide), ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path, plots
