@@ -1,0 +1,278 @@
+"""The `bench` command.
+
+    bench decode  [--sm N] [--page 64,128] [--preset NAME | --heads 32/8 --head-dim 128 ...]
+                  [--batch 1,8,32] [--ctx 2k,8k,32k] [--accepted 3.4] [--impl auto]
+                  [--baseline auto|flashinfer|none] [--context-chunk 2k] [--db PATH] [--out DIR]
+    bench prefill [--chunk 2k] [--ctx 0,8k] ...    the context step: a prompt chunk stored
+    bench memory  [--preset NAME] [--max-ctx 1M] [--concurrency 16] [--ctx ...] [--page ...]
+    bench report  [--db PATH] [--sm N] [--preset NAME] [--out DIR]
+
+Exit status: 0 done; 1 measured, but some measurement failed (a wrong or crashing kernel);
+2 the command cannot run as asked (options, no CUDA GPU, --sm not this GPU, no database).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bench import options as opt
+from bench.options import BenchError
+
+DECODE_DEFAULTS = dict(page="64,128", batch="1,8,32", ctx="2k,8k,32k")
+PREFILL_DEFAULTS = dict(page="64,128", batch="1,8", ctx="0,8k", chunk="2k")
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def _measure_options(p: argparse.ArgumentParser, defaults: dict) -> None:
+    p.add_argument("--sm", type=opt.sm, default=None,
+                   help="SM of the GPU to measure (e.g. 90 for H100/H200, 100 for B200); it must match "
+                        "a GPU here. Default: the GPU at hand")
+    p.add_argument("--page", type=opt.pages, default=opt.pages(defaults["page"]), metavar="P[,P...]",
+                   help="page sizes of the paged cache (powers of two), each against the arena")
+    p.add_argument("--batch", type=opt.batches, default=opt.batches(defaults["batch"]), metavar="B[,B...]")
+    p.add_argument("--ctx", type=opt.contexts, default=opt.contexts(defaults["ctx"]), metavar="N[,N...]",
+                   help="committed context lengths (k = 1024, M = 1048576)")
+    p.add_argument("--impl", default="auto", metavar="NAME[,NAME...]",
+                   help="implementations: auto (kernels.dispatch when present, else cupy), or registry "
+                        "names (cupy, reference, ...)")
+    p.add_argument("--concurrency", type=opt.concurrency, default=None,
+                   help="requests the KV memory model is sized for (default: each row's batch)")
+    p.add_argument("--max-ctx", type=opt.max_ctx, default=None,
+                   help="tokens one arena slot holds in the KV memory model (default: largest --ctx "
+                        "plus the stored rows)")
+    p.add_argument("--reps", type=opt.non_negative_int, default=0,
+                   help="timed graph replays per timing; 0 picks them from the step's length")
+    p.add_argument("--db", default=None, metavar="PATH",
+                   help="profile database to record into (default: $DRAFTER_DB, else profiles/profile.db "
+                        "of the checkout, else ~/.local/share/drafter-attn/profile.db)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="folder for the CSV/JSON/PNG (default: results/sm<SM>-<YYYY-MM-DD>/; files of an "
+                        "earlier run there are replaced)")
+    opt.add_geometry_options(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from kernels.presets import MAIN_PRESET
+
+    ap = argparse.ArgumentParser(prog="bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", metavar="{decode,prefill,memory,report}")
+    sub.required = True
+
+    d = sub.add_parser(
+        "decode", formatter_class=_Formatter,
+        help="drafter decode step, paged against arena, on the GPU at hand",
+        description="The drafter's whole decode step (every layer: the store of the accepted rows, a "
+                    "fixed Qb rows per request with a device-side valid count, then the attention), "
+                    "captured in a CUDA graph; paged (each --page) against arena, FlashInfer beside when "
+                    f"installed. Default: {MAIN_PRESET} at pages 64 and 128 against arena.")
+    _measure_options(d, DECODE_DEFAULTS)
+    d.add_argument("--accepted", type=_non_negative_float, default=None, metavar="A",
+                   help="mean accepted tokens per request: a step stores A + 1 rows (default: all Qb rows)")
+    d.add_argument("--baseline", choices=("auto", "flashinfer", "none"), default="auto",
+                   help="FlashInfer fa2 beside (attention only, one layer x layers); auto: when installed "
+                        "and the mask is full")
+    d.add_argument("--context-chunk", type=opt.chunks, default=[], metavar="N[,N...]",
+                   help="also measure the context step (a prompt chunk of N rows stored per request)")
+    d.add_argument("--nsys", action="store_true", help="also count host syncs under Nsight Systems (needs nsys)")
+
+    pf = sub.add_parser(
+        "prefill", formatter_class=_Formatter,
+        help="context step: a prompt chunk stored into the cache, paged against arena",
+        description="The context step, as when a request arrives: every layer stores a prompt chunk "
+                    "(--chunk rows per request) at the request's context length, then runs the drafter "
+                    "attention; timed, split and checked for host syncs like a decode step.")
+    _measure_options(pf, PREFILL_DEFAULTS)
+    pf.add_argument("--chunk", type=opt.chunks, default=opt.chunks(PREFILL_DEFAULTS["chunk"]), metavar="N[,N...]",
+                    help="rows stored per request")
+
+    m = sub.add_parser(
+        "memory", formatter_class=_Formatter,
+        help="KV footprint, arena against paged (no GPU needed)",
+        description="KV-cache bytes of a deployment: a dense arena (one max-context slot per request) "
+                    "against a paged cache (pages for the expected context plus the store's Qb rows, "
+                    "plus the block table), per page size. See bench/memory.py for the model.")
+    m.add_argument("--max-ctx", type=opt.max_ctx, default=opt.max_ctx("128k"),
+                   help="tokens one request may hold (the arena's slot)")
+    m.add_argument("--concurrency", type=opt.concurrency, default=16, help="requests served at once")
+    m.add_argument("--ctx", type=opt.contexts, default=None, metavar="N[,N...]",
+                   help="expected context lengths (default: 1/8 and 1/2 of --max-ctx, and full: max-ctx - Qb)")
+    m.add_argument("--page", type=opt.pages, default=[16, 32, 64, 128], metavar="P[,P...]")
+    m.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    opt.add_geometry_options(m)
+
+    r = sub.add_parser("report", formatter_class=_Formatter,
+                       help="plots and a markdown summary from the profile database (no GPU needed)")
+    r.add_argument("--db", default=None, metavar="PATH", help="profile database (default as for bench decode)")
+    r.add_argument("--sm", type=opt.sm, default=None, help="only this SM")
+    r.add_argument("--preset", default=None, metavar="NAME", help="only this preset")
+    r.add_argument("--out", default=None, metavar="DIR", help="default: results/report-<YYYY-MM-DD>/")
+    return ap
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# decode / prefill
+
+
+def cmd_measure(args, argv) -> int:
+    import torch
+    from rich.console import Console
+
+    from bench import decode, gpu as gpu_mod, output
+    from tuner.db import ProfileDB, SchemaError
+
+    command = f"bench {args.command}"
+    geometry, label = opt.geometry_from_args(args)
+    preset = None if label.startswith("custom:") else label
+    impls = [s.strip() for s in args.impl.split(",") if s.strip()]
+    if args.command == "decode":
+        p = decode.plan("decode", geometry, label, preset, pages=args.page, batches=args.batch,
+                        ctxs=args.ctx, impls=impls, accepted=args.accepted,
+                        context_chunks=args.context_chunk, baseline=args.baseline, reps=args.reps,
+                        nsys=args.nsys, concurrency=args.concurrency, max_ctx=args.max_ctx)
+    else:
+        p = decode.plan("prefill", geometry, label, preset, pages=args.page, batches=args.batch,
+                        ctxs=args.ctx, impls=impls, context_chunks=args.chunk, decode=False,
+                        baseline="none", reps=args.reps, concurrency=args.concurrency, max_ctx=args.max_ctx)
+    gpu = gpu_mod.require_gpu(args.sm, command)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(gpu.index)
+    try:
+        db = ProfileDB(args.db)
+    except SchemaError as exc:
+        raise BenchError(f"{command}: {exc}") from None
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=220)
+    echo = console.print
+    try:
+        env = decode.gpu_environment(gpu)
+        echo(f"[bold]{command}[/]: {gpu.describe()}, driver {env.get('driver')}; "
+             f"{label} ({opt.describe(geometry)}); {len(p.jobs)} steps"
+             + (f" + {len(p.batches) * len(p.ctxs) * len(p.pages)} FlashInfer baseline rows" if p.baseline else ""))
+        echo(f"recording into {db.path}")
+        for note in p.notes:
+            echo(note)
+        rows = decode.execute(p, db, env, echo=echo)
+    finally:
+        db.close()
+    meta = decode.run_metadata(env, argv)
+    title = f"{command}: {label} on {gpu.name} (SM {gpu.sm}), {meta['date'][:10]}"
+    output.print_table(rows, title, console)
+    summary = decode.summary_lines(rows)
+    for line in summary:
+        echo(line)
+    syncing = [r for r in rows if r.get("syncs")]
+    if syncing:
+        echo(f"[red]{len(syncing)} row(s) with blocking host syncs inside the step[/] (see the syncs columns)")
+    out = decode.results_dir(gpu.sm) if args.out is None else Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = args.command
+    output.write_csv(rows, out / f"{stem}.csv")
+    output.write_json(rows, meta, p.settings(), out / f"{stem}.json", summary)
+    plotted = output.plot(rows, out / f"{stem}.png", title)
+    echo(f"wrote {out / (stem + '.csv')}, {out / (stem + '.json')}"
+         + (f", {out / (stem + '.png')}" if plotted else " (no plot: no row measured ok)"))
+    bad = decode.failed(rows)
+    if bad:
+        echo(f"[red]{len(bad)} of {len(rows)} measurements failed[/] (status and reason in the table and CSV)")
+        return 1
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# memory
+
+
+def cmd_memory(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from bench import memory as kvmem
+
+    geometry, label = opt.geometry_from_args(args)
+    ctxs = args.ctx if args.ctx is not None else kvmem.default_contexts(geometry, args.max_ctx)
+    if not ctxs:
+        raise BenchError(f"bench memory: --max-ctx {args.max_ctx} is smaller than the block size "
+                         f"Qb = {geometry.block_size}; no context fits")
+    try:
+        fps = kvmem.footprints(geometry, args.concurrency, args.max_ctx, ctxs, args.page)
+    except ValueError as exc:
+        raise BenchError(f"bench memory: {exc}") from None
+    arena = kvmem.arena_bytes(geometry, args.concurrency, args.max_ctx)
+    if args.json:
+        print(json.dumps(dict(preset=label, geometry=opt.describe(geometry), concurrency=args.concurrency,
+                              max_ctx=args.max_ctx, token_bytes=kvmem.token_bytes(geometry),
+                              arena_bytes=arena, rows=[f.as_dict() for f in fps]), indent=1))
+        return 0
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    console.print(f"[bold]bench memory[/]: {label} ({opt.describe(geometry)}), concurrency "
+                  f"{args.concurrency}, max context {args.max_ctx:,} tokens")
+    console.print(f"K+V per token, all {geometry.num_layers} layers: {kvmem.fmt_bytes(kvmem.token_bytes(geometry))} "
+                  f"({kvmem.token_bytes(geometry):,} B)")
+    console.print(f"arena (dense: {args.concurrency} slots x {args.max_ctx:,} tokens): "
+                  f"[bold]{kvmem.fmt_bytes(arena)}[/] ({arena:,} B)")
+    t = Table(title="paged (pages for context + Qb store rows, plus the int32 block table)",
+              title_justify="left", header_style="bold")
+    for name in ("expected ctx", "page", "pages/request", "paged KV", "block table", "paged total",
+                 "arena", "paged/arena", "arena/paged"):
+        t.add_column(name, justify="left" if name == "expected ctx" else "right")
+    for f in fps:
+        t.add_row(f"{f.ctx:,}", str(f.page_size), f"{f.pages_per_request:,}", kvmem.fmt_bytes(f.paged_kv_bytes),
+                  kvmem.fmt_bytes(f.table_bytes), kvmem.fmt_bytes(f.paged_bytes), kvmem.fmt_bytes(f.arena_bytes),
+                  f"{f.paged_over_arena:.3f}", f"{f.arena_over_paged:.2f}x")
+    console.print(t)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def cmd_report(args) -> int:
+    import datetime as dt
+
+    from bench import report
+    from tuner.db import default_path
+
+    db_path = Path(args.db) if args.db else default_path()
+    df = report.load(db_path, sm=args.sm, preset=args.preset)
+    out = Path(args.out) if args.out else Path("results") / f"report-{dt.date.today():%Y-%m-%d}"
+    path, plots = report.build(df, out, db_path)
+    print(f"bench report: {len(df)} rows from {db_path}; wrote {path} and {len(plots)} plot(s) in {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command in ("decode", "prefill"):
+            return cmd_measure(args, argv)
+        if args.command == "memory":
+            return cmd_memory(args)
+        return cmd_report(args)
+    except BenchError as exc:
+        print(str(exc), file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
