@@ -1,0 +1,409 @@
+"""The `bench` command on the CPU: option parsing, every error message, and `bench decode` /
+`bench prefill` / `bench report` end to end with the GPU and the measurements faked (the real
+measurements run in tests/test_bench_gpu.py)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from bench import cli, decode, gpu, options
+from bench.steps import ContextStep
+from kernels.presets import MAIN_PRESET, get_preset
+from kernels.spec import Geometry, Problem
+from tuner.db import ProfileDB
+
+H200 = gpu.GpuInfo(0, "NVIDIA H200", 90, 132, 141 * 2**30)
+B200 = gpu.GpuInfo(1, "NVIDIA B200", 100, 148, 180 * 2**30)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------------------------------------
+# Option values
+
+
+def test_sizes():
+    assert options.sizes("2k,8k,32k") == [2048, 8192, 32768]
+    assert options.sizes("1M, 128k ,7") == [1 << 20, 131072, 7]
+    assert options.sizes("1.5k") == [1536]
+    assert options.sizes("64,64,128") == [64, 128]
+    assert options.contexts("0,8k") == [0, 8192]
+    assert options.max_ctx("1M") == 1 << 20
+
+
+@pytest.mark.parametrize("fn, text, message", [
+    (options.batches, "abc", "cannot read 'abc'"),
+    (options.batches, "1.7", "not a whole number"),
+    (options.batches, "0", "at least 1"),
+    (options.batches, "", "expected comma-separated"),
+    (options.pages, "100", "powers of two"),
+    (options.contexts, "2g", "cannot read '2g'"),
+    (options.max_ctx, "1k,2k", "expected one"),
+    (options.heads, "32/5", "not a multiple of KV heads 5"),
+    (options.heads, "a/b", "expected query/KV heads"),
+    (options.sm, "hopper", "expected an SM number"),
+    (options.positive_float, "-1", "positive number"),
+])
+def test_bad_values_say_what_was_expected(fn, text, message):
+    with pytest.raises(argparse.ArgumentTypeError, match=message):
+        fn(text)
+
+
+def test_heads_and_sm():
+    assert options.heads("32/8") == (32, 8)
+    assert options.heads("16") == (16, 16)
+    for text in ("90", "sm90", "sm_90", "sm_90a", "SM_90", "9.0"):
+        assert options.sm(text) == 90
+    assert options.sm("107") == 107 and options.sm("sm_100a") == 100
+
+
+def _decode_args(argv):
+    return cli.build_parser().parse_args(["decode", *argv])
+
+
+def test_decode_defaults_measure_the_main_preset_at_pages_64_and_128_against_arena():
+    args = _decode_args([])
+    assert (args.page, args.batch, args.ctx, args.impl, args.sm) == ([64, 128], [1, 8, 32], [2048, 8192, 32768], "auto", None)
+    geometry, label = options.geometry_from_args(args)
+    assert label == MAIN_PRESET and geometry == get_preset(MAIN_PRESET)
+    p = decode.plan("decode", geometry, label, label, pages=args.page, batches=args.batch, ctxs=args.ctx,
+                    impls=["auto"], baseline="none")
+    assert len(p.jobs) == 3 * 3 * 3
+    assert {(j.layout, j.page) for j in p.jobs} == {("paged", 64), ("paged", 128), ("arena", None)}
+    assert {j.step for j in p.jobs} == {"decode"} and p.rows_stored is None
+
+
+def test_explicit_geometry_overrides_the_preset():
+    args = _decode_args(["--heads", "32/8", "--head-dim", "128", "--block", "16", "--mask", "sliding",
+                         "--window", "512", "--layers", "3"])
+    geometry, label = options.geometry_from_args(args)
+    assert geometry == Geometry(32, 8, 128, 16, "sliding", 512, num_layers=3)
+    assert label == "custom:32/8 d128 b16 sliding512 L3 bf16"
+    # The same fields as the preset: still the preset
+    args = _decode_args(["--heads", "32/8", "--head-dim", "128", "--block", "16", "--mask", "full", "--layers", "5"])
+    assert options.geometry_from_args(args) == (get_preset(MAIN_PRESET), MAIN_PRESET)
+    args = _decode_args(["--preset", "laguna-dflash", "--layers", "1"])
+    g, label = options.geometry_from_args(args)
+    assert (g.num_q_heads, g.mask, g.window, g.num_layers) == (72, "sliding_causal", 512, 1)
+
+
+def test_accepted_sets_the_rows_stored():
+    g = get_preset(MAIN_PRESET)
+    assert decode.rows_stored_for(3.4, 16) == pytest.approx(4.4)
+    assert decode.rows_stored_for(None, 16) is None
+    p = decode.plan("decode", g, MAIN_PRESET, MAIN_PRESET, pages=[64], batches=[1], ctxs=[8], impls=["reference"],
+                    accepted=3.4, baseline="none")
+    assert p.rows_stored == pytest.approx(4.4) and p.accepted == 3.4
+
+
+# ---------------------------------------------------------------------------------------------
+# Error messages (exit code 2)
+
+
+@pytest.fixture
+def fake_h200(monkeypatch):
+    monkeypatch.setattr(gpu, "probe", lambda: [H200])
+
+
+def _err(capsys, argv) -> str:
+    rc = cli.main(argv)
+    assert rc == 2
+    return capsys.readouterr().err
+
+
+def _argparse_err(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_sm_mismatch_names_the_gpu_and_what_to_do(fake_h200, capsys):
+    err = _err(capsys, ["decode", "--sm", "107", "--page", "128"])
+    assert "--sm 107 does not match the GPU here" in err
+    assert "NVIDIA H200" in err and "SM 90" in err
+    assert "run without --sm, or with --sm 90" in err
+    assert "bench report --sm 107" in err
+    if importlib.util.find_spec("tuner.cli") is not None:
+        assert "tuner show --sm 107" in err
+
+
+def test_sm_mismatch_known_sm_is_named(fake_h200, capsys):
+    err = _err(capsys, ["decode", "--sm", "100"])
+    assert "SM 100 (B200 / GB200 (Blackwell))" in err
+
+
+def test_sm_picks_the_matching_gpu_of_several():
+    assert gpu.require_gpu(100, gpus=[H200, B200]) is B200
+    assert gpu.require_gpu(None, gpus=[H200, B200]) is H200
+    with pytest.raises(options.BenchError, match="cuda:0 NVIDIA H200 .*cuda:1 NVIDIA B200"):
+        gpu.require_gpu(103, gpus=[H200, B200])
+
+
+def test_no_gpu_message(monkeypatch, capsys):
+    monkeypatch.setattr(gpu, "probe", lambda: [])
+    err = _err(capsys, ["decode", "--sm", "107", "--page", "128"])
+    assert "bench decode: no CUDA GPU found" in err
+    assert "torch.cuda.is_available() = False" in err
+    assert "bench memory" in err and "bench report" in err
+    err = _err(capsys, ["prefill"])
+    assert "bench prefill: no CUDA GPU found" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the real no-GPU path")
+def test_no_gpu_real_process():
+    proc = subprocess.run([sys.executable, "-m", "bench.cli", "decode", "--sm", "107", "--page", "128"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "no CUDA GPU found" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["decode", "--accepted", "16"], "--accepted 16: a step stores accepted + 1 = 17 rows"),
+    (["decode", "--impl", "triton"], "--impl triton: unknown implementation; known: auto, "),
+    (["decode", "--mask", "sliding"], "--mask sliding needs --window W"),
+    (["decode", "--mask", "full", "--window", "64"], "--window applies to the sliding masks only"),
+    (["decode", "--heads", "32/8", "--block", "0"], None),  # argparse: positive integer
+    (["decode", "--ctx", "32k", "--max-ctx", "32k"], "--max-ctx 32768: the largest context 32768 plus the 16 rows"),
+    (["decode", "--baseline", "flashinfer", "--preset", "dflash2-w2048"], None),
+    (["prefill", "--chunk", "4k", "--ctx", "8k", "--max-ctx", "10k"], "plus the 4096 rows a context step stores"),
+])
+def test_option_errors(fake_h200, capsys, argv, message, monkeypatch):
+    import kernels.baselines
+
+    monkeypatch.setattr(kernels.baselines, "flashinfer_available", lambda: True)
+    if message is None:
+        rc = None
+        try:
+            rc = cli.main(argv)
+        except SystemExit as e:
+            rc = e.code
+        assert rc == 2
+        return
+    assert message in _err(capsys, argv)
+
+
+def test_baseline_errors(fake_h200, capsys, monkeypatch):
+    import kernels.baselines
+
+    monkeypatch.setattr(kernels.baselines, "flashinfer_available", lambda: False)
+    assert "FlashInfer is not installed" in _err(capsys, ["decode", "--baseline", "flashinfer"])
+    monkeypatch.setattr(kernels.baselines, "flashinfer_available", lambda: True)
+    assert "covers mask 'full' only" in _err(capsys, ["decode", "--baseline", "flashinfer", "--preset", "mimo-dflash"])
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["decode", "--page", "100"], "--page"),
+    (["decode", "--batch", "0"], "--batch"),
+    (["decode", "--ctx", "lots"], "--ctx"),
+    (["decode", "--sm", "hopper"], "--sm"),
+    (["decode", "--heads", "32/5"], "--heads"),
+    (["decode", "--preset", "nope"], "--preset"),
+    (["decode", "--accepted", "-1"], "--accepted"),
+    (["decode", "--baseline", "vllm"], "--baseline"),
+    (["prefill", "--chunk", "0"], "--chunk"),
+])
+def test_argparse_errors_name_the_option(capsys, argv, option):
+    assert f"argument {option}" in _argparse_err(capsys, argv)
+
+
+def test_report_without_database(tmp_path, capsys):
+    err = _err(capsys, ["report", "--db", str(tmp_path / "none.db")])
+    assert "no profile database at" in err
+    ProfileDB(tmp_path / "empty.db").close()
+    err = _err(capsys, ["report", "--db", str(tmp_path / "empty.db"), "--sm", "107"])
+    assert "no measured (ok) results for SM 107" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# Which implementation: auto
+
+
+def test_auto_falls_back_to_cupy_without_dispatch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "kernels.dispatch", None)
+    problem = Problem(get_preset(MAIN_PRESET), "paged", 64, 1, 128)
+    impl, params, note = decode.resolve_impl("auto", problem)
+    assert impl == "cupy" and "fell back to cupy" in note and "kernels.dispatch does not exist" in note
+
+
+def test_auto_uses_dispatch_when_present(monkeypatch):
+    fake = types.SimpleNamespace(pick=lambda problem: dict(impl="reference", params={}, tier="exact"))
+    monkeypatch.setitem(sys.modules, "kernels.dispatch", fake)
+    problem = Problem(get_preset(MAIN_PRESET), "arena", None, 1, 128)
+    assert decode.resolve_impl("auto", problem) == ("reference", {}, "auto: kernels.dispatch picked reference (tier exact)")
+    fake.pick = lambda problem: 1 / 0
+    impl, _, note = decode.resolve_impl("auto", problem)
+    assert impl == "cupy" and "ZeroDivisionError" in note
+
+
+def test_explicit_impl_gets_its_full_default_params():
+    problem = Problem(get_preset(MAIN_PRESET), "paged", 64, 1, 128)
+    assert decode.resolve_impl("reference", problem) == ("reference", {}, "--impl reference")
+
+
+# ---------------------------------------------------------------------------------------------
+# bench decode / prefill / report end to end, GPU and measurements faked
+
+
+def _fake_env(g):
+    return dict(gpu_name=g.name, sm=g.sm, sm_count=g.sm_count, driver="580.95", cuda="13.0", torch="fake",
+                cupy=None, cutlass=None, nvrtc=None, sources_hash="0" * 16)
+
+
+def _fake_decode(wire, reps=0, nsys=False):
+    p = wire["problem"]
+    base = 10 + p["batch"] * p["ctx_len"] / 1000
+    t = base * (1.005 if p["layout"] == "paged" else 1.0)  # paged: +0.5%
+    return dict(status="ok", median_us=t, p10_us=t * 0.99, p90_us=t * 1.02, attention_median_us=0.8 * t,
+                store_median_us=0.2 * t, syncs_debug=0, syncs_profiler=0, rel_err=2e-3, bytes_moved=1000,
+                bandwidth_gbs=3000.0, roofline_fraction=0.7, kv_bytes=123, graph_capturable=True)
+
+
+def _fake_context(wire, chunk, reps=0):
+    row = _fake_decode(wire)
+    row["syncs_profiler"] = 1  # as if a host copy had slipped into the context store
+    return row
+
+
+def _fake_baseline(geometry, page, batch, ctx, reps=0):
+    return dict(status="ok", median_us=7.0, p10_us=6.5, p90_us=8.0, attention_median_us=7.0)
+
+
+@pytest.fixture
+def fake_bench(monkeypatch):
+    import kernels.baselines
+
+    monkeypatch.setattr(gpu, "probe", lambda: [H200])
+    monkeypatch.setattr(decode, "gpu_environment", _fake_env)
+    monkeypatch.setattr(decode, "default_measures", lambda: (_fake_decode, _fake_context, _fake_baseline))
+    monkeypatch.setattr(kernels.baselines, "flashinfer_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "kernels.dispatch", None)
+
+
+def test_decode_end_to_end_faked(fake_bench, tmp_path, capsys):
+    db, out = tmp_path / "p.db", tmp_path / "out"
+    argv = ["decode", "--sm", "90", "--page", "64,128", "--batch", "1,8", "--ctx", "2k,8k", "--accepted", "3.4",
+            "--db", str(db), "--out", str(out)]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "impl picked: cupy (auto: kernels.dispatch does not exist yet; fell back to cupy)" in text
+    assert "paged over arena median +0.50%" in text
+    for name in ("decode.csv", "decode.json", "decode.png"):
+        assert (out / name).stat().st_size > 0
+    df = pd.read_csv(out / "decode.csv")
+    ours = df[df.impl == "cupy"]
+    base = df[df.impl == "flashinfer-fa2"]
+    assert len(ours) == 2 * 2 * 3 and len(base) == 2 * 2 * 2
+    assert set(ours.status) == {"ok"} and (ours.syncs == 0).all()
+    paged = ours[ours.layout == "paged"]
+    assert paged.overhead_pct.round(6).eq(0.5).all()
+    assert ours[ours.layout == "arena"].overhead_pct.isna().all()
+    assert (ours.rows_stored.round(3) == 4.4).all() and (ours.accepted == 3.4).all()
+    # the baseline: one layer's attention x 5 layers, labelled
+    assert (base.median_us == 35.0).all() and (base.scope == "attention x5").all()
+    assert base.impl_note.str.contains("1 layer measured x 5 layers").all()
+    # KV model: concurrency = batch, max ctx = 8k + 16; arena dense, paged by pages
+    row = ours[(ours.layout == "paged") & (ours.page_size == 64) & (ours.batch == 8) & (ours.ctx == 2048)].iloc[0]
+    assert row.kv_max_ctx == 8192 + 16
+    assert row.kv_arena_model_bytes == 8 * (8192 + 16) * 20480
+    assert row.kv_model_bytes == 8 * 33 * 64 * 20480 + 8 * 129 * 4  # ceil(2064/64)=33, ceil(8208/64)=129
+    doc = json.loads((out / "decode.json").read_text())
+    env = doc["environment"]
+    assert env["gpu_name"] == "NVIDIA H200" and env["sm"] == 90 and env["driver"] == "580.95"
+    assert env["command"].startswith("bench decode --sm 90 --page 64,128") and env["commit"]
+    assert doc["settings"]["rows_stored"] == pytest.approx(4.4)
+    assert len(doc["rows"]) == len(df)
+    with ProfileDB(db, create=False) as pdb:
+        rows = pdb.query("SELECT impl, layout, num_layers, accepted, sweep_id, worker FROM results")
+    assert len(rows) == len(df)
+    assert {r["worker"] for r in rows} == {"bench"} and all(r["sweep_id"].startswith("bench-decode-") for r in rows)
+    assert {r["num_layers"] for r in rows if r["impl"] == "flashinfer-fa2"} == {1}
+    assert {round(r["accepted"], 3) for r in rows if r["impl"] == "cupy"} == {4.4}
+
+    # bench report from that database
+    rep = tmp_path / "rep"
+    assert cli.main(["report", "--db", str(db), "--out", str(rep)]) == 0
+    md = (rep / "report.md").read_text()
+    assert "## SM 90, NVIDIA H200: qwen3-8b-dflash-b16" in md
+    assert "| decode | cupy | 64 | 0.5 |" in md
+    assert "flashinfer-fa2 (attention x5) page 64" in md
+    assert (rep / "report-sm90-qwen3-8b-dflash-b16.png").stat().st_size > 0
+    assert _err(capsys, ["report", "--db", str(db), "--sm", "100"]).count("no measured (ok) results for SM 100") == 1
+
+
+def test_decode_with_context_chunk_and_prefill_faked(fake_bench, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["decode", "--impl", "reference", "--batch", "2", "--ctx", "1k", "--page", "16", "--baseline", "none",
+            "--context-chunk", "512", "--db", str(tmp_path / "p.db"), "--out", str(out)]
+    assert cli.main(argv) == 0
+    df = pd.read_csv(out / "decode.csv")
+    assert sorted(df.step) == ["context", "context", "decode", "decode"]
+    ctx = df[df.step == "context"]
+    assert (ctx.chunk == 512).all() and (ctx.rows_stored == 512).all() and (ctx.syncs == 1).all()
+    assert "blocking host syncs inside the step" in capsys.readouterr().out
+    assert cli.main(["prefill", "--impl", "reference", "--batch", "1", "--ctx", "0", "--page", "64",
+                     "--chunk", "2k", "--db", str(tmp_path / "p.db"), "--out", str(out)]) == 0
+    df = pd.read_csv(out / "prefill.csv")
+    assert list(df.step) == ["context", "context"] and (df.chunk == 2048).all()
+    assert (out / "prefill.png").exists() and (out / "prefill.json").exists()
+    row = df[df.layout == "paged"].iloc[0]
+    assert row.kv_model_bytes == 1 * 32 * 64 * 20480 + 1 * 32 * 4  # 2048 rows in 64-token pages
+
+
+def test_failed_measurement_exits_1(fake_bench, monkeypatch, tmp_path, capsys):
+    def broken(wire, reps=0, nsys=False):
+        if wire["problem"]["layout"] == "paged":
+            return dict(status="failed_correctness", reason="attention relative error 3e-01 exceeds 1e-02")
+        return _fake_decode(wire)
+
+    monkeypatch.setattr(decode, "default_measures", lambda: (broken, _fake_context, _fake_baseline))
+    argv = ["decode", "--batch", "1", "--ctx", "1k", "--page", "64", "--baseline", "none",
+            "--db", str(tmp_path / "p.db"), "--out", str(tmp_path / "out")]
+    assert cli.main(argv) == 1
+    assert "1 of 2 measurements failed" in capsys.readouterr().out
+    df = pd.read_csv(tmp_path / "out" / "decode.csv")
+    assert set(df.status) == {"ok", "failed_correctness"}
+
+
+def test_default_results_folder(fake_bench, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert decode.results_dir(90, date=dt.date(2026, 11, 30)) == Path("results/sm90-2026-11-30")
+    assert cli.main(["decode", "--batch", "1", "--ctx", "64", "--page", "16", "--impl", "reference",
+                     "--baseline", "none", "--db", str(tmp_path / "p.db")]) == 0
+    folder = tmp_path / "results" / f"sm90-{dt.date.today():%Y-%m-%d}"
+    assert sorted(p.name for p in folder.iterdir()) == ["decode.csv", "decode.json", "decode.png"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The context step itself (CPU, reference backend)
+
+
+@pytest.mark.parametrize("layout", ["paged", "arena"])
+@pytest.mark.parametrize("ctx", [0, 13])
+def test_context_step_stores_the_chunk(layout, ctx):
+    g = Geometry(8, 2, 64, 4, "sliding", 6, num_layers=2, dtype="float32")
+    step = ContextStep(Problem(g, layout, 8 if layout == "paged" else None, 3, ctx), "reference", chunk=20,
+                       device="cpu")
+    first = torch.stack(step.run())
+    assert step._lens.tolist() == [[ctx + 20] * 3] * 2
+    assert torch.equal(torch.stack(step.run()), first)  # re-runnable: lengths reset first
+    assert torch.equal(torch.stack(step.attention_only()), first)
+    assert step.check() < 1e-5
+    assert step.num_new_rows == [20] * 3 and step.k_new[0].shape == (3, 20, 2, 64)
+    if layout == "arena":
+        s = int(step.table[0])
+        assert torch.equal(step.k_cache[1][s, ctx:ctx + 20], step.k_new[1][0])
+        assert step.kv_bytes == 2 * 2 * 3 * (ctx + 20) * 2 * 64 * 4
+    else:
+        assert step.kv_bytes == 2 * 2 * 3 * -(-(ctx + 20) // 8) * 8 * 2 * 64 * 4
+    assert step.store_bytes == 2 * 2 * 60 * 2 * 2 * 64 * 4  # layers x (read+write) x rows x K,V x Hkv x D x 4 B
