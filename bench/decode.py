@@ -217,6 +217,8 @@ def measure_flashinfer(geometry, page: int, batch: int, ctx: int, *, reps: int =
 
     t0 = time.perf_counter()
     g1 = geometry.with_(num_layers=1)
+    row: dict = {}
+    base = graph = None
     try:
         base = FlashInferPaged(g1, page, [ctx] * batch, "cuda", torch.Generator().manual_seed(seed))
         graph = timing.capture(base.run)
@@ -240,6 +242,14 @@ def measure_flashinfer(geometry, page: int, batch: int, ctx: int, *, reps: int =
     except Exception as exc:
         status, reason = failure(exc)
         row = dict(status=status, reason=reason)
+    finally:
+        base = graph = None
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # its 256 MiB workspace and pages, before the next row
+        except Exception as exc:
+            if row.get("status") == "ok":
+                row.update(status="failed_runtime", reason=f"{type(exc).__name__}: {exc}")
     row["elapsed_s"] = time.perf_counter() - t0
     return row
 

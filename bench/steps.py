@@ -89,6 +89,7 @@ def measure_context(wire: dict, chunk: int, *, reps: int = 0) -> dict:
 
     t0 = time.perf_counter()
     row: dict = {}
+    step = None
     try:
         c = Candidate.from_wire(wire)
         backend = registry.get(c.impl)
@@ -107,8 +108,10 @@ def measure_context(wire: dict, chunk: int, *, reps: int = 0) -> dict:
     except Exception as exc:
         row.update(zip(("status", "reason"), failure(exc)))
     finally:
+        step = None  # noqa: F841 (frees the step's caches before empty_cache)
         try:
             torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # the next row's sizes differ: start from a clean pool
         except Exception as exc:  # a fault inside the step: the CUDA context is gone
             if row.get("status") == "ok":
                 row.update(status="failed_runtime", reason=f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,161 @@
+"""`bench` on a GPU (marker `gpu`): small `bench decode` / `bench prefill` runs end to end, the
+--sm check against the real device, and pytest-benchmark benchmarks of the main preset's decode
+step whose JSON (`--benchmark-json`) carries the GPU metrics in `extra_info`.
+
+    python -m pytest -m gpu tests/test_bench_gpu.py --benchmark-json bench.json
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from bench import cli
+from kernels import registry
+from kernels.baselines import flashinfer_available
+from kernels.presets import MAIN_PRESET, get_preset
+from kernels.spec import Problem
+from tuner import measure, timing
+from tuner.db import ProfileDB
+from tuner.spec import Candidate
+from tuner.step import DecodeStep
+
+pytestmark = pytest.mark.gpu
+
+# A small geometry: 8/2 heads (group 4), head_dim 64, blocks of 4, 2 layers.
+SMALL = ["--heads", "8/2", "--head-dim", "64", "--block", "4", "--layers", "2"]
+
+
+def _sm() -> int:
+    major, minor = torch.cuda.get_device_capability(0)
+    return major * 10 + minor
+
+
+def test_bench_decode_small_end_to_end(tmp_path, capsys):
+    db, out = tmp_path / "p.db", tmp_path / "out"
+    rc = cli.main(["decode", "--sm", str(_sm()), *SMALL, "--batch", "2", "--ctx", "256,1k", "--page", "16,64",
+                   "--impl", "cupy", "--accepted", "1.5", "--baseline", "none", "--context-chunk", "128",
+                   "--reps", "20", "--db", str(db), "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "impl picked: cupy (--impl cupy)" in text
+    df = pd.read_csv(out / "decode.csv")
+    assert len(df) == 2 * 1 * 2 * 3  # (decode, context) x batch x ctx x (paged 16, paged 64, arena)
+    assert set(df.status) == {"ok"}, df[["step", "layout", "page_size", "ctx", "reason"]].to_string()
+    assert (df.rel_err < 1e-2).all()
+    # host syncs per step: measured, and zero for the project's kernels (store included)
+    assert (df.syncs_debug == 0).all() and (df.syncs_profiler == 0).all() and (df.syncs == 0).all()
+    assert df.graph_capturable.astype(bool).all()
+    assert ((df.p10_us <= df.median_us) & (df.median_us <= df.p90_us)).all()
+    assert ((df.attention_median_us > 0) & (df.store_median_us > 0)).all()
+    assert ((df.roofline_fraction > 0) & (df.bandwidth_gbs > 0)).all()
+    paged = df[df.layout == "paged"]
+    assert paged.overhead_pct.notna().all() and df[df.layout == "arena"].overhead_pct.isna().all()
+    assert (df[df.step == "decode"].rows_stored == 2.5).all()  # accepted 1.5 + 1
+    assert (df[df.step == "context"].rows_stored == 128).all()
+    assert (df.kv_model_bytes > 0).all() and (df.peak_bytes > 0).all()
+    doc = json.loads((out / "decode.json").read_text())
+    env = doc["environment"]
+    assert env["gpu_name"] == torch.cuda.get_device_name(0) and env["sm"] == _sm()
+    assert env["torch"] == torch.__version__ and env["commit"] and env["command"].startswith("bench decode")
+    assert env["copy_bandwidth_gbs"] > 0
+    assert (out / "decode.png").stat().st_size > 0
+    with ProfileDB(db, create=False) as pdb:
+        assert pdb.count() == len(df)
+        assert {r["status"] for r in pdb.query("SELECT status FROM results")} == {"ok"}
+    # and the report of that database
+    assert cli.main(["report", "--db", str(db), "--out", str(tmp_path / "rep")]) == 0
+    assert "Paged over arena" in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_bench_prefill_small(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = cli.main(["prefill", *SMALL, "--batch", "1", "--ctx", "0,512", "--page", "64", "--chunk", "256",
+                   "--impl", "cupy", "--reps", "20", "--db", str(tmp_path / "p.db"), "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    df = pd.read_csv(out / "prefill.csv")
+    assert len(df) == 2 * 2 and set(df.status) == {"ok"} and (df.step == "context").all()
+    assert (df.syncs == 0).all()
+
+
+def test_bench_decode_auto_impl_says_what_it_picked(tmp_path, capsys):
+    rc = cli.main(["decode", *SMALL, "--batch", "1", "--ctx", "256", "--page", "64", "--baseline", "none",
+                   "--reps", "10", "--db", str(tmp_path / "p.db"), "--out", str(tmp_path / "out")])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "impl picked: " in text
+
+
+def test_sm_mismatch_on_this_gpu(tmp_path, capsys):
+    present = {torch.cuda.get_device_capability(i)[0] * 10 + torch.cuda.get_device_capability(i)[1]
+               for i in range(torch.cuda.device_count())}
+    other = next(sm for sm in (107, 90, 100) if sm not in present)
+    rc = cli.main(["decode", "--sm", str(other), "--page", "128", "--db", str(tmp_path / "p.db"),
+                   "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert f"--sm {other} does not match the GPU here" in err and torch.cuda.get_device_name(0) in err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "p.db").exists()
+
+
+@pytest.mark.skipif(not flashinfer_available(), reason="FlashInfer is not installed")
+def test_bench_decode_with_flashinfer_baseline(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = cli.main(["decode", *SMALL, "--batch", "2", "--ctx", "1k", "--page", "16", "--impl", "cupy",
+                   "--baseline", "flashinfer", "--reps", "20", "--db", str(tmp_path / "p.db"), "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    df = pd.read_csv(out / "decode.csv")
+    base = df[df.impl == "flashinfer-fa2"]
+    assert len(base) == 1 and base.status.iloc[0] == "ok" and base.scope.iloc[0] == "attention x2"
+
+
+# ---------------------------------------------------------------------------------------------
+# pytest-benchmark: the main preset's decode step (B=8, ctx 8k). The benchmark's own timing is
+# host wall time of a graph replay plus a synchronize; extra_info holds the device measurements
+# (CUDA events, L2 flushed): latency, split, syncs, roofline, memory, overhead over arena.
+
+BATCH, CTX = 8, 8192
+METRICS = ("median_us", "p10_us", "p90_us", "count", "repeat_median_us", "attention_median_us",
+           "store_median_us", "syncs_debug", "syncs_profiler", "sync_host_us", "graph_capturable",
+           "bytes_moved", "bandwidth_gbs", "copy_bandwidth_gbs", "roofline_fraction", "rel_err",
+           "kv_bytes", "workspace_bytes", "peak_bytes")
+
+
+def _candidate(layout: str, page: int | None) -> Candidate:
+    problem = Problem(get_preset(MAIN_PRESET), layout, page, BATCH, CTX)
+    params = registry.get("cupy").default_params(problem)
+    return Candidate(problem, "cupy", tuple(sorted(params.items())), None, MAIN_PRESET)
+
+
+@pytest.fixture(scope="module")
+def arena_row() -> dict:
+    row = measure.measure_candidate(_candidate("arena", None).to_wire(), reps=100)
+    assert row["status"] == "ok", row.get("reason")
+    return row
+
+
+@pytest.mark.parametrize("layout, page", [("arena", None), ("paged", 64), ("paged", 128)])
+def test_benchmark_decode_step(benchmark, arena_row, layout, page):
+    cand = _candidate(layout, page)
+    row = arena_row if layout == "arena" else measure.measure_candidate(cand.to_wire(), reps=100)
+    assert row["status"] == "ok", row.get("reason")
+    step = DecodeStep(cand.problem, "cupy", cand.params_dict)
+    graph = timing.capture(step.run)
+
+    def replay():
+        graph.replay()
+        torch.cuda.synchronize()
+
+    benchmark.pedantic(replay, rounds=50, warmup_rounds=5, iterations=1)
+    major, minor = torch.cuda.get_device_capability(0)
+    benchmark.extra_info.update(
+        gpu=torch.cuda.get_device_name(0), sm=major * 10 + minor, preset=MAIN_PRESET, impl="cupy",
+        params=cand.params_dict, layout=layout, page_size=page, batch=BATCH, ctx=CTX,
+        overhead_pct=(row["median_us"] / arena_row["median_us"] - 1) * 100 if layout == "paged" else None,
+        **{k: row.get(k) for k in METRICS})
+    assert row["syncs_debug"] == 0 and row["syncs_profiler"] == 0
