@@ -25,8 +25,16 @@ DECODE_DEFAULTS = dict(page="64,128", batch="1,8,32", ctx="2k,8k,32k")
 PREFILL_DEFAULTS = dict(page="64,128", batch="1,8", ctx="0,8k", chunk="2k")
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
+class _Formatter(argparse.HelpFormatter):
+    """Shows an option's default when it has a meaningful one (not None, False or empty)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        d = action.default
+        if "%(default)" in text or d in (None, False, [], argparse.SUPPRESS) or not action.option_strings:
+            return text
+        shown = ",".join(map(str, d)) if isinstance(d, list) else d
+        return f"{text} (default: {shown})"
 
 
 def _measure_options(p: argparse.ArgumentParser, defaults: dict) -> None:
@@ -35,7 +43,8 @@ def _measure_options(p: argparse.ArgumentParser, defaults: dict) -> None:
                         "a GPU here. Default: the GPU at hand")
     p.add_argument("--page", type=opt.pages, default=opt.pages(defaults["page"]), metavar="P[,P...]",
                    help="page sizes of the paged cache (powers of two), each against the arena")
-    p.add_argument("--batch", type=opt.batches, default=opt.batches(defaults["batch"]), metavar="B[,B...]")
+    p.add_argument("--batch", type=opt.batches, default=opt.batches(defaults["batch"]), metavar="B[,B...]",
+                   help="batch sizes (requests per step)")
     p.add_argument("--ctx", type=opt.contexts, default=opt.contexts(defaults["ctx"]), metavar="N[,N...]",
                    help="committed context lengths (k = 1024, M = 1048576)")
     p.add_argument("--impl", default="auto", metavar="NAME[,NAME...]",
