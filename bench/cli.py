@@ -8,7 +8,8 @@
     bench report  [--db PATH] [--sm N] [--preset NAME] [--out DIR]
 
 Exit status: 0 done; 1 measured, but some measurement failed (a wrong or crashing kernel);
-2 the command cannot run as asked (options, no CUDA GPU, --sm not this GPU, no database).
+2 the command cannot run as asked (options, no CUDA GPU, --sm not this GPU, no database);
+130 interrupted (Ctrl-C): the rows measured so far are recorded and written.
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ def _non_negative_float(text: str) -> float:
 def cmd_measure(args, argv) -> int:
     import torch
     from rich.console import Console
+    from rich.markup import escape
 
     from bench import decode, gpu as gpu_mod, output
     from tuner.db import ProfileDB, SchemaError
@@ -168,12 +170,15 @@ def cmd_measure(args, argv) -> int:
     console = Console()
     if not console.is_terminal:
         console = Console(width=220)
-    echo = console.print
+
+    def echo(text: str) -> None:  # plain text: a reason like "[at x.cu:12]" is not markup
+        console.print(escape(text))
+
     try:
         env = decode.gpu_environment(gpu)
-        echo(f"[bold]{command}[/]: {gpu.describe()}, driver {env.get('driver')}; "
-             f"{label} ({opt.describe(geometry)}); {len(p.jobs)} steps"
-             + (f" + {len(p.batches) * len(p.ctxs) * len(p.pages)} FlashInfer baseline rows" if p.baseline else ""))
+        baseline = f" + {len(p.batches) * len(p.ctxs) * len(p.pages)} FlashInfer baseline rows" if p.baseline else ""
+        console.print(f"[bold]{command}[/]: " + escape(f"{gpu.describe()}, driver {env.get('driver')}; {label} "
+                                                      f"({opt.describe(geometry)}); {len(p.jobs)} steps{baseline}"))
         echo(f"recording into {db.path}")
         for note in p.notes:
             echo(note)
@@ -188,7 +193,7 @@ def cmd_measure(args, argv) -> int:
         echo(line)
     syncing = [r for r in rows if r.get("syncs")]
     if syncing:
-        echo(f"[red]{len(syncing)} row(s) with blocking host syncs inside the step[/] (see the syncs columns)")
+        console.print(f"[red]{len(syncing)} row(s) with blocking host syncs inside the step[/] (see the syncs columns)")
     out = decode.results_dir(gpu.sm) if args.out is None else Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = args.command
@@ -199,9 +204,11 @@ def cmd_measure(args, argv) -> int:
          + (f", {out / (stem + '.png')}" if plotted else " (no plot: no row measured ok)"))
     bad = decode.failed(rows)
     if bad:
-        echo(f"[red]{len(bad)} of {len(rows)} measurements failed[/] (status and reason in the table and CSV)")
-        return 1
-    return 0
+        console.print(f"[red]{len(bad)} of {len(rows)} measurements failed[/] (status and reason in the table and CSV)")
+    if p.interrupted:
+        console.print(f"[yellow]interrupted[/]: {len(rows)} of {p.total} rows measured (all of them recorded and written)")
+        return 130
+    return 1 if bad else 0
 
 
 # ---------------------------------------------------------------------------------------------

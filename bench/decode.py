@@ -66,6 +66,12 @@ class Plan:
     max_ctx: int | None = None  # None: largest context + the store's rows
     notes: list[str] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
+    interrupted: bool = False  # set by execute() on Ctrl-C: the rows so far are kept
+
+    @property
+    def total(self) -> int:
+        """Rows a full run gives: the jobs and the baseline rows."""
+        return len(self.jobs) + (len(self.batches) * len(self.ctxs) * len(self.pages) if self.baseline else 0)
 
     def settings(self) -> dict:
         """JSON-able description of what was asked."""
@@ -301,28 +307,32 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
     for (option, impl, note), count in counts.items():
         share = "" if count == sum(1 for j in p.jobs if j.impl_option == option) else f" for {count} steps"
         echo(f"impl picked: {impl}{share} ({note})")
-    for n, job in enumerate(p.jobs, 1):
-        problem = Problem(p.geometry, job.layout, job.page, job.batch, job.ctx)
-        impl, params, note = picks[(job.impl_option, problem)]
-        stored = p.rows_stored if job.step == DECODE else float(job.chunk)
-        cand = Candidate(problem, impl, tuple(sorted(params.items())), stored, p.preset)
-        if job.step == DECODE:
-            result = measure(cand.to_wire(), reps=p.reps, nsys=p.nsys)
-        else:
-            result = measure_context(cand.to_wire(), job.chunk, reps=p.reps)
-        db.add_result(result_row(cand, result, env_id, sweep_id, "bench"))
-        row = _output_row(p, job, cand, result, note)
-        rows.append(row)
-        echo(f"[{n}/{total}] {_describe(row)}")
-    for n, (batch, ctx, page) in enumerate(base_jobs, len(p.jobs) + 1):
-        g1 = p.geometry.with_(num_layers=1)
-        cand = Candidate(Problem(g1, "paged", page, batch, ctx), BASELINE_IMPL, (("backend", "fa2"),),
-                         None, p.preset)
-        result = measure_baseline(p.geometry, page, batch, ctx, reps=p.reps)
-        db.add_result(result_row(cand, result, env_id, sweep_id, "bench"))
-        row = _baseline_row(p, cand, result)
-        rows.append(row)
-        echo(f"[{n}/{total}] {_describe(row)}")
+    try:
+        for n, job in enumerate(p.jobs, 1):
+            problem = Problem(p.geometry, job.layout, job.page, job.batch, job.ctx)
+            impl, params, note = picks[(job.impl_option, problem)]
+            stored = p.rows_stored if job.step == DECODE else float(job.chunk)
+            cand = Candidate(problem, impl, tuple(sorted(params.items())), stored, p.preset)
+            if job.step == DECODE:
+                result = measure(cand.to_wire(), reps=p.reps, nsys=p.nsys)
+            else:
+                result = measure_context(cand.to_wire(), job.chunk, reps=p.reps)
+            db.add_result(result_row(cand, result, env_id, sweep_id, "bench"))
+            row = _output_row(p, job, cand, result, note)
+            rows.append(row)
+            echo(f"[{n}/{total}] {_describe(row)}")
+        for n, (batch, ctx, page) in enumerate(base_jobs, len(p.jobs) + 1):
+            g1 = p.geometry.with_(num_layers=1)
+            cand = Candidate(Problem(g1, "paged", page, batch, ctx), BASELINE_IMPL, (("backend", "fa2"),),
+                             None, p.preset)
+            result = measure_baseline(p.geometry, page, batch, ctx, reps=p.reps)
+            db.add_result(result_row(cand, result, env_id, sweep_id, "bench"))
+            row = _baseline_row(p, cand, result)
+            rows.append(row)
+            echo(f"[{n}/{total}] {_describe(row)}")
+    except KeyboardInterrupt:
+        p.interrupted = True
+        echo(f"interrupted: keeping the {len(rows)} rows measured so far")
     return finish(p, rows)
 
 

@@ -70,6 +70,7 @@ def sort_key(r: dict):
 
 def print_table(rows: list[dict], title: str, console=None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     if console is None:
@@ -86,7 +87,7 @@ def print_table(rows: list[dict], title: str, console=None) -> None:
     for r in sorted(rows, key=sort_key):
         ok = r.get("status") == "ok"
         step = r["step"] + (f" {_ctx(r['chunk'])}" if r.get("chunk") else "")
-        impl = r["impl"] + (f" (attn x{r['layers']})" if r.get("scope", "step") != "step" else "")
+        impl = escape(r["impl"] + (f" (attn x{r['layers']})" if r.get("scope", "step") != "step" else ""))
         over = r.get("overhead_pct")
         over_s = "-"
         if _num(over):
@@ -95,8 +96,10 @@ def print_table(rows: list[dict], title: str, console=None) -> None:
         syncs = r.get("syncs")
         syncs_s = "n/a" if syncs is None else (f"[red]{syncs}[/]" if syncs else "0")
         kv = r.get("kv_model_bytes")
-        status = "ok" if ok else f"[red]{r.get('status')}[/]: {str(r.get('reason') or '').splitlines()[0][:80]}" \
-            if r.get("reason") else str(r.get("status"))
+        status = "ok"
+        if not ok:
+            reason = str(r.get("reason") or "").strip().splitlines()
+            status = f"[red]{escape(str(r.get('status')))}[/]" + (f": {escape(reason[0][:80])}" if reason else "")
         t.add_row(step, impl, _layout(r), str(r["batch"]), _ctx(r["ctx"]),
                   _f(r.get("median_us"), ".1f"),
                   f"{_f(r.get('p10_us'), '.1f')}-{_f(r.get('p90_us'), '.1f')}" if ok else "-",

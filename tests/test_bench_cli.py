@@ -363,16 +363,38 @@ def test_decode_with_context_chunk_and_prefill_faked(fake_bench, tmp_path, capsy
 def test_failed_measurement_exits_1(fake_bench, monkeypatch, tmp_path, capsys):
     def broken(wire, reps=0, nsys=False):
         if wire["problem"]["layout"] == "paged":
-            return dict(status="failed_correctness", reason="attention relative error 3e-01 exceeds 1e-02")
+            return dict(status="failed_correctness", reason="attention relative error 3e-01 [at drafter.cu:12]")
         return _fake_decode(wire)
 
     monkeypatch.setattr(decode, "default_measures", lambda: (broken, _fake_context, _fake_baseline))
     argv = ["decode", "--batch", "1", "--ctx", "1k", "--page", "64", "--baseline", "none",
             "--db", str(tmp_path / "p.db"), "--out", str(tmp_path / "out")]
     assert cli.main(argv) == 1
-    assert "1 of 2 measurements failed" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "1 of 2 measurements failed" in text
+    assert "[at drafter.cu:12]" in text  # reasons are shown as text, not read as rich markup
     df = pd.read_csv(tmp_path / "out" / "decode.csv")
     assert set(df.status) == {"ok", "failed_correctness"}
+
+
+def test_interrupt_keeps_and_writes_the_rows_so_far(fake_bench, monkeypatch, tmp_path, capsys):
+    calls = []
+
+    def interrupted(wire, reps=0, nsys=False):
+        calls.append(wire)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return _fake_decode(wire)
+
+    monkeypatch.setattr(decode, "default_measures", lambda: (interrupted, _fake_context, _fake_baseline))
+    db, out = tmp_path / "p.db", tmp_path / "out"
+    argv = ["decode", "--batch", "1", "--ctx", "1k,2k", "--page", "64", "--baseline", "none",
+            "--db", str(db), "--out", str(out)]
+    assert cli.main(argv) == 130
+    assert "1 of 4 rows measured" in capsys.readouterr().out
+    assert len(pd.read_csv(out / "decode.csv")) == 1
+    with ProfileDB(db, create=False) as pdb:
+        assert pdb.count() == 1
 
 
 def test_default_results_folder(fake_bench, tmp_path, monkeypatch):
