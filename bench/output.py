@@ -143,7 +143,7 @@ def _style(r: dict, pages: list, cmap) -> dict:
     return dict(color=cmap(0.15 + 0.7 * k / max(1, len(pages) - 1)), linestyle="-", marker="o")
 
 
-def _ctx_axis(ax, ctxs) -> None:
+def ctx_axis(ax, ctxs) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(ctxs, [_ctx(c) for c in ctxs])
     ax.minorticks_off()
@@ -187,12 +187,12 @@ def plot(rows: list[dict], path: Path, title: str) -> bool:
                 over = [(max(r["ctx"], 1), r["overhead_pct"]) for r in pts if _num(r.get("overhead_pct"))]
                 if over:
                     ax_over.plot(*zip(*over), label=label, markersize=4, **style)
-            _ctx_axis(ax, ctxs)
+            ctx_axis(ax, ctxs)
             ax.set_ylim(bottom=0)
             ax.set_ylabel("step latency, median (us)")
             ax.set_title(f"{name}, batch {batch}", fontsize=10)
             ax.legend(fontsize=7)
-            _ctx_axis(ax_over, ctxs)
+            ctx_axis(ax_over, ctxs)
             ax_over.axhspan(-1, 1, color="tab:green", alpha=0.12, label="within 1%")
             ax_over.axhline(0, color="black", linewidth=1)
             ax_over.set_ylabel("paged over arena (%)")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.options import BenchError
+from bench.output import ctx_axis
 
 GEOM_COLS = ["num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window", "num_layers", "dtype"]
 BASELINE_IMPL = "flashinfer-fa2"
@@ -67,7 +68,8 @@ def _attach_baseline(df: pd.DataFrame) -> pd.DataFrame:
     for _, g in ours.drop_duplicates(["sm", *GEOM_COLS]).iterrows():
         match = base[(base["sm"] == g["sm"]) & (base["num_layers"] == 1)]
         for k in keys:
-            match = match[(match[k] == g[k]) | (match[k].isna() & pd.isna(g[k]))]
+            same = (match[k] == g[k]).fillna(False).astype(bool) if pd.notna(g[k]) else match[k].isna()
+            match = match[same]
         if match.empty:
             continue
         m = match.copy()
@@ -144,12 +146,10 @@ def plot_group(g: pd.DataFrame, path: Path, title: str) -> None:
                 hi = (s["p90_us"].fillna(s["median_us"]) - s["median_us"]).clip(lower=0)
                 ax.errorbar(x, s["median_us"], yerr=[lo, hi],
                             label=label, capsize=2, markersize=4, **style)
-            ax.set_xscale("log", base=2)
+            ctx_axis(ax, sorted({max(int(c), 1) for c in panel["ctx_len"]}))
             ax.set_ylim(bottom=0)
-            ax.set_xlabel("context length (tokens)")
             ax.set_ylabel("latency, median (us)")
             ax.set_title(f"{step}, batch {batch}", fontsize=10)
-            ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()

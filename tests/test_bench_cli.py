@@ -340,6 +340,20 @@ def test_decode_end_to_end_faked(fake_bench, tmp_path, capsys):
     assert (rep / "report-sm90-qwen3-8b-dflash-b16.png").stat().st_size > 0
     assert _err(capsys, ["report", "--db", str(db), "--sm", "100"]).count("no measured (ok) results for SM 100") == 1
 
+    # a sliding-window preset and a custom geometry in the same database: sections of their own
+    for extra in (["--preset", "dflash2-w2048"], ["--heads", "16/4", "--layers", "2"]):
+        assert cli.main(["decode", *extra, "--batch", "1", "--ctx", "2k", "--page", "64", "--db", str(db),
+                         "--out", str(tmp_path / "out2")]) == 0
+    assert cli.main(["report", "--db", str(db), "--sm", "90", "--out", str(rep)]) == 0
+    md = (rep / "report.md").read_text()
+    assert md.count("## SM 90, NVIDIA H200") == 3
+    assert "## SM 90, NVIDIA H200: dflash2-w2048 (32/8 d128 b16 sliding2048 L5 bf16)" in md
+    assert "## SM 90, NVIDIA H200: 16/4 d128 b16 full L2 bf16" in md
+    assert "flashinfer-fa2 (attention x2)" in md  # the baseline of the custom full-mask geometry
+    assert len(list(rep.glob("report-sm90-*.png"))) == 3
+    assert cli.main(["report", "--db", str(db), "--preset", "dflash2-w2048", "--out", str(tmp_path / "r2")]) == 0
+    assert (tmp_path / "r2" / "report.md").read_text().count("## SM 90") == 1
+
 
 def test_decode_with_context_chunk_and_prefill_faked(fake_bench, tmp_path, capsys):
     out = tmp_path / "out"
