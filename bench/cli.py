@@ -49,8 +49,8 @@ def _measure_options(p: argparse.ArgumentParser, defaults: dict) -> None:
     p.add_argument("--ctx", type=opt.contexts, default=opt.contexts(defaults["ctx"]), metavar="N[,N...]",
                    help="committed context lengths (k = 1024, M = 1048576)")
     p.add_argument("--impl", default="auto", metavar="NAME[,NAME...]",
-                   help="implementations: auto (kernels.dispatch when present, else cupy), or registry "
-                        "names (cupy, reference, ...)")
+                   help="implementations: auto (kernels.dispatch over $DRAFTER_TUNED_TABLE or the profile "
+                        "database; cupy without kernels.dispatch), or registry names (cupy, reference, ...)")
     p.add_argument("--concurrency", type=opt.concurrency, default=None,
                    help="requests the KV memory model is sized for (default: each row's batch)")
     p.add_argument("--max-ctx", type=opt.max_ctx, default=None,

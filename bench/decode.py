@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib
 import json
+import os
 import platform
 import shlex
 import subprocess
@@ -165,44 +166,61 @@ def plan(command: str, geometry, label: str, preset: str | None, *, pages, batch
 # Which implementation runs a problem
 
 
-def resolve_impl(option: str, problem) -> tuple[str, dict, str]:
-    """(registry name, full parameters, how it was picked). `auto` asks kernels.dispatch when it
-    exists (pick(problem) -> an object or dict with impl/params/tier) and falls back to cupy."""
-    from kernels import registry
-
-    if option == "auto":
-        impl, params, note = _dispatch_pick(problem)
-    else:
-        impl, params, note = option, {}, f"--impl {option}"
-    try:
-        backend = registry.get(impl)
-        full = {**backend.default_params(problem), **params}
-    except Exception:  # unavailable here: the measurement reports it as a failure
-        full = dict(params)
-    return impl, full, note
+@dataclass(frozen=True)
+class ImplPick:
+    impl: str  # registry name
+    params: dict  # full parameters (the backend's defaults, then the pick's)
+    note: str  # how it was picked, for this problem (goes into the row)
+    summary: str  # how it was picked, without per-problem detail (printed once per group)
 
 
-def _dispatch_pick(problem) -> tuple[str, dict, str]:
+def load_dispatcher(table=None):
+    """(kernels.dispatch.Dispatcher or None, why not / what it reads). The table is
+    $DRAFTER_TUNED_TABLE when set, else `table` (bench passes its profile database); one that
+    is missing or unusable gives the dispatcher's default heuristic."""
     try:
         dispatch = importlib.import_module("kernels.dispatch")
     except ModuleNotFoundError as exc:
         if exc.name != "kernels.dispatch":
             raise
-        return FALLBACK_IMPL, {}, f"auto: kernels.dispatch does not exist yet; fell back to {FALLBACK_IMPL}"
-    pick = getattr(dispatch, "pick", None)
-    if not callable(pick):
-        return FALLBACK_IMPL, {}, f"auto: kernels.dispatch has no pick(problem); fell back to {FALLBACK_IMPL}"
+        return None, "kernels.dispatch does not exist yet"
+    cls = getattr(dispatch, "Dispatcher", None)
+    if cls is None:
+        return None, "kernels.dispatch has no Dispatcher"
+    source = os.environ.get("DRAFTER_TUNED_TABLE") or table
+    if source is None or not Path(source).exists():
+        return cls(), "kernels.dispatch, default heuristic" + (f" ({source} does not exist)" if source else "")
     try:
-        choice = pick(problem)
-    except Exception as exc:
-        return FALLBACK_IMPL, {}, (f"auto: kernels.dispatch.pick failed ({type(exc).__name__}: {exc}); "
-                                   f"fell back to {FALLBACK_IMPL}")
-    get = choice.get if isinstance(choice, dict) else (lambda k, d=None: getattr(choice, k, d))
-    impl = get("impl") or get("backend") or get("name")
-    if not isinstance(impl, str):
-        return FALLBACK_IMPL, {}, f"auto: kernels.dispatch.pick gave {choice!r}; fell back to {FALLBACK_IMPL}"
-    tier = get("tier")
-    return impl, dict(get("params") or {}), f"auto: kernels.dispatch picked {impl}" + (f" (tier {tier})" if tier else "")
+        return cls.load(source), f"kernels.dispatch over {source}"
+    except Exception as exc:  # TableError: unreadable, foreign, another schema
+        return cls(), f"kernels.dispatch, default heuristic ({source} unusable: {exc})"
+
+
+def resolve_impl(option: str, problem, *, dispatcher=None, dispatcher_note: str = "", sm: int | None = None) -> ImplPick:
+    """What runs `problem` for --impl `option`: a registry name as given, or for `auto` the
+    pick of kernels.dispatch (`dispatcher`, on SM `sm`), falling back to cupy without one."""
+    from kernels import registry
+
+    if option != "auto":
+        impl, params, note, summary = option, {}, f"--impl {option}", f"--impl {option}"
+    elif dispatcher is None:
+        why = dispatcher_note or "kernels.dispatch does not exist yet"
+        impl, params = FALLBACK_IMPL, {}
+        note = summary = f"auto: {why}; fell back to {FALLBACK_IMPL}"
+    else:
+        try:
+            pick = dispatcher.pick(problem, sm)
+            impl, params = pick.impl, dict(pick.params)
+            note = f"auto: {dispatcher_note} picked {impl}, {pick.reason}"
+            summary = f"auto: {dispatcher_note}, tier {pick.tier}"
+        except Exception as exc:
+            impl, params = FALLBACK_IMPL, {}
+            note = summary = f"auto: kernels.dispatch failed ({type(exc).__name__}: {exc}); fell back to {FALLBACK_IMPL}"
+    try:
+        full = {**registry.get(impl).default_params(problem), **params}
+    except Exception:  # unavailable here: the measurement reports it as a failure
+        full = dict(params)
+    return ImplPick(impl, full, note, summary)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,23 +312,25 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
         base_jobs = [(b, c, s) for b in p.batches for c in p.ctxs for s in p.pages]
     total = len(p.jobs) + len(base_jobs)
     rows = []
-    picks: dict[tuple, tuple] = {}
-    for job in p.jobs:
-        problem = Problem(p.geometry, job.layout, job.page, job.batch, job.ctx)
-        if (job.impl_option, problem) not in picks:
-            picks[(job.impl_option, problem)] = resolve_impl(job.impl_option, problem)
+    dispatcher, dispatcher_note = (load_dispatcher(str(db.path)) if "auto" in p.impls else (None, ""))
+    picks: dict[tuple, ImplPick] = {}
     counts: dict[tuple, int] = {}
     for job in p.jobs:
         problem = Problem(p.geometry, job.layout, job.page, job.batch, job.ctx)
-        impl, _, note = picks[(job.impl_option, problem)]
-        counts[(job.impl_option, impl, note)] = counts.get((job.impl_option, impl, note), 0) + 1
-    for (option, impl, note), count in counts.items():
+        key = (job.impl_option, problem)
+        if key not in picks:
+            picks[key] = resolve_impl(job.impl_option, problem, dispatcher=dispatcher,
+                                      dispatcher_note=dispatcher_note, sm=env.get("sm"))
+        group = (job.impl_option, picks[key].impl, picks[key].summary)
+        counts[group] = counts.get(group, 0) + 1
+    for (option, impl, summary), count in counts.items():
         share = "" if count == sum(1 for j in p.jobs if j.impl_option == option) else f" for {count} steps"
-        echo(f"impl picked: {impl}{share} ({note})")
+        echo(f"impl picked: {impl}{share} ({summary})")
     try:
         for n, job in enumerate(p.jobs, 1):
             problem = Problem(p.geometry, job.layout, job.page, job.batch, job.ctx)
-            impl, params, note = picks[(job.impl_option, problem)]
+            pick = picks[(job.impl_option, problem)]
+            impl, params, note = pick.impl, pick.params, pick.note
             stored = p.rows_stored if job.step == DECODE else float(job.chunk)
             cand = Candidate(problem, impl, tuple(sorted(params.items())), stored, p.preset)
             if job.step == DECODE:
@@ -326,7 +346,7 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
             cand = Candidate(Problem(g1, "paged", page, batch, ctx), BASELINE_IMPL, (("backend", "fa2"),),
                              None, p.preset)
             result = measure_baseline(p.geometry, page, batch, ctx, reps=p.reps)
-            db.add_result(result_row(cand, result, env_id, sweep_id, "bench"))
+            db.add_result(result_row(cand, baseline_db_result(result), env_id, sweep_id, "bench"))
             row = _baseline_row(p, cand, result)
             rows.append(row)
             echo(f"[{n}/{total}] {_describe(row)}")
@@ -334,6 +354,20 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
         p.interrupted = True
         echo(f"interrupted: keeping the {len(rows)} rows measured so far")
     return finish(p, rows)
+
+
+# The whole-step latency columns: a baseline has none (it runs one layer's attention, no store).
+STEP_LATENCY = ("median_us", "p10_us", "p90_us", "mean_us", "min_us", "repeat_median_us")
+
+
+def baseline_db_result(result: dict) -> dict:
+    """A baseline's database columns: its time goes into attention_median_us/p10/p90 only, with
+    median_us (the step latency, which kernels.dispatch and tuner export rank by) left NULL, so a
+    one-layer attention-only row can never outrank a whole step of a registry backend."""
+    row = {k: v for k, v in result.items() if k not in STEP_LATENCY}
+    if row.get("status") == "ok":
+        row["reason"] = "baseline: one layer's attention only (attention_* columns); no step latency"
+    return row
 
 
 _SCALED = ("median_us", "p10_us", "p90_us", "mean_us", "min_us", "repeat_median_us",

@@ -33,7 +33,8 @@ def load(db_path, sm: int | None = None, preset: str | None = None) -> pd.DataFr
         raise BenchError(f"bench report: {exc}") from None
     try:
         sql = ("SELECT r.*, e.gpu_name, e.sm FROM results r JOIN environments e ON r.env_id = e.env_id "
-               "WHERE r.status = 'ok' AND r.median_us IS NOT NULL")
+               "WHERE r.status = 'ok' AND (r.median_us IS NOT NULL OR "
+               f"(r.impl = '{BASELINE_IMPL}' AND r.attention_median_us IS NOT NULL))")
         args: list = []
         if sm is not None:
             sql += " AND e.sm = ?"
@@ -74,8 +75,8 @@ def _attach_baseline(df: pd.DataFrame) -> pd.DataFrame:
             continue
         m = match.copy()
         L = int(g["num_layers"])
-        for c in ("median_us", "p10_us", "p90_us"):
-            m[c] = m[c] * L
+        for c in ("median_us", "p10_us", "p90_us"):  # its time is in attention_* (no step latency)
+            m[c] = m[f"attention_{c}"].fillna(m[c]) * L
         m["num_layers"] = L
         m["preset"] = g["preset"]
         m["impl"] = f"{BASELINE_IMPL} (attention x{L})"

@@ -231,24 +231,64 @@ def test_report_without_database(tmp_path, capsys):
 
 def test_auto_falls_back_to_cupy_without_dispatch(monkeypatch):
     monkeypatch.setitem(sys.modules, "kernels.dispatch", None)
+    dispatcher, note = decode.load_dispatcher("/nonexistent.db")
+    assert dispatcher is None and note == "kernels.dispatch does not exist yet"
     problem = Problem(get_preset(MAIN_PRESET), "paged", 64, 1, 128)
-    impl, params, note = decode.resolve_impl("auto", problem)
-    assert impl == "cupy" and "fell back to cupy" in note and "kernels.dispatch does not exist" in note
+    pick = decode.resolve_impl("auto", problem, dispatcher=None, dispatcher_note=note)
+    assert pick.impl == "cupy" and pick.note == "auto: kernels.dispatch does not exist yet; fell back to cupy"
 
 
-def test_auto_uses_dispatch_when_present(monkeypatch):
-    fake = types.SimpleNamespace(pick=lambda problem: dict(impl="reference", params={}, tier="exact"))
-    monkeypatch.setitem(sys.modules, "kernels.dispatch", fake)
+class _FakeDispatcher:
+    loaded = None
+
+    def __init__(self, fail=False):
+        self.fail = fail
+
+    @classmethod
+    def load(cls, path):
+        d = cls()
+        d.loaded = path
+        return d
+
+    def pick(self, problem, sm):
+        if self.fail:
+            raise RuntimeError("broken")
+        return types.SimpleNamespace(impl="reference", params={}, tier="exact",
+                                     reason=f"exact: measured at this exact problem on sm{sm}")
+
+
+def test_auto_uses_the_dispatcher(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "kernels.dispatch", types.SimpleNamespace(Dispatcher=_FakeDispatcher))
+    monkeypatch.delenv("DRAFTER_TUNED_TABLE", raising=False)
+    d, note = decode.load_dispatcher(str(tmp_path / "none.db"))
+    assert d.loaded is None and note.startswith("kernels.dispatch, default heuristic")
+    (tmp_path / "t.json").write_text("{}")
+    monkeypatch.setenv("DRAFTER_TUNED_TABLE", str(tmp_path / "t.json"))
+    d, note = decode.load_dispatcher(str(tmp_path / "none.db"))
+    assert d.loaded == str(tmp_path / "t.json") and note == f"kernels.dispatch over {tmp_path / 't.json'}"
     problem = Problem(get_preset(MAIN_PRESET), "arena", None, 1, 128)
-    assert decode.resolve_impl("auto", problem) == ("reference", {}, "auto: kernels.dispatch picked reference (tier exact)")
-    fake.pick = lambda problem: 1 / 0
-    impl, _, note = decode.resolve_impl("auto", problem)
-    assert impl == "cupy" and "ZeroDivisionError" in note
+    pick = decode.resolve_impl("auto", problem, dispatcher=d, dispatcher_note=note, sm=90)
+    assert (pick.impl, pick.params) == ("reference", {})
+    assert pick.note.endswith("picked reference, exact: measured at this exact problem on sm90")
+    assert pick.summary == f"auto: {note}, tier exact"
+    pick = decode.resolve_impl("auto", problem, dispatcher=_FakeDispatcher(fail=True), dispatcher_note=note)
+    assert pick.impl == "cupy" and "RuntimeError: broken" in pick.note
+
+
+def test_auto_with_the_real_dispatch_and_an_empty_database(monkeypatch, tmp_path):
+    pytest.importorskip("kernels.dispatch")
+    monkeypatch.delenv("DRAFTER_TUNED_TABLE", raising=False)
+    ProfileDB(tmp_path / "p.db").close()
+    d, note = decode.load_dispatcher(str(tmp_path / "p.db"))
+    problem = Problem(get_preset(MAIN_PRESET), "paged", 64, 8, 8192)
+    pick = decode.resolve_impl("auto", problem, dispatcher=d, dispatcher_note=note, sm=90)
+    assert pick.impl in ("cupy", "reference") and "tier default" in pick.summary
 
 
 def test_explicit_impl_gets_its_full_default_params():
     problem = Problem(get_preset(MAIN_PRESET), "paged", 64, 1, 128)
-    assert decode.resolve_impl("reference", problem) == ("reference", {}, "--impl reference")
+    pick = decode.resolve_impl("reference", problem)
+    assert (pick.impl, pick.params, pick.note) == ("reference", {}, "--impl reference")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,6 +368,11 @@ def test_decode_end_to_end_faked(fake_bench, tmp_path, capsys):
     assert len(rows) == len(df)
     assert {r["worker"] for r in rows} == {"bench"} and all(r["sweep_id"].startswith("bench-decode-") for r in rows)
     assert {r["num_layers"] for r in rows if r["impl"] == "flashinfer-fa2"} == {1}
+    with ProfileDB(db, create=False) as pdb:
+        base_db = pdb.query("SELECT median_us, attention_median_us, reason FROM results WHERE impl = 'flashinfer-fa2'")
+    # no step latency for the baseline (dispatch ranks by it): its one layer is in attention_*
+    assert all(r["median_us"] is None and r["attention_median_us"] == 7.0 for r in base_db)
+    assert "one layer's attention only" in base_db[0]["reason"]
     assert {round(r["accepted"], 3) for r in rows if r["impl"] == "cupy"} == {4.4}
 
     # bench report from that database
