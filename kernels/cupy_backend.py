@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -45,6 +46,8 @@ class Params:
     num_splits: int = 0
     q_smem: bool = False
     wgmma: bool | None = None
+    min_ctas: int = 1  # occupancy the compiler must fit (caps registers per thread)
+    skip_compute: bool = False  # diagnostic: loads only, output is garbage (never a default)
 
     def smem_bytes(self, head_dim: int, warps: int, wgmma: bool = False) -> int:
         return smem_bytes(self.tile_n, self.stages, head_dim, warps if self.q_smem else 0, wgmma)
@@ -81,14 +84,19 @@ def use_wgmma(params: Params, head_dim: int, warps: int, sm: int) -> bool:
 def default_params(problem: Problem | None = None, **overrides) -> Params:
     """Fast-without-tuning defaults, chosen so no default variant spills on sm_90a/100a/103a:
     above 8 warps (registers are allocated per 4 warps, so 9 warps get the budget of 12) Q moves
-    to shared memory; above 12 warps the key tile also halves."""
+    to shared memory, and pages under 64 tokens take smaller key tiles: the choices below are the
+    ones ptxas compiles without spills on every target (checked by tests/test_static_profile)."""
     base = Params()
     if problem is not None:
         warps = num_warps(problem.geometry.block_size, problem.geometry.group)
-        if warps > 12:
-            base = Params(tile_n=32, stages=4, q_smem=True)
-        elif warps > 8:
-            base = Params(q_smem=True)
+        if warps > 8:
+            page = problem.page_size if problem.layout == "paged" else None
+            if page is None or page >= 64:
+                base = Params(q_smem=True)
+            elif page == 32:
+                base = Params(tile_n=16, stages=6, q_smem=True)
+            else:
+                base = Params(tile_n=32, stages=4, q_smem=True)
     return dataclasses.replace(base, **overrides)
 
 
@@ -139,6 +147,8 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         STAGES=params.stages,
         Q_SMEM=int(params.q_smem),
         WGMMA=int(use_wgmma(params, head_dim, warps, sm)),
+        MIN_CTAS=params.min_ctas,
+        SKIP_COMPUTE=int(params.skip_compute),
     )
 
 
@@ -270,24 +280,31 @@ class CupyBackend:
     overrides: tuple = ()
     name: str = "cupy"
 
+    @property
+    def _kernels(self):
+        """The module of this backend's kernel family: Params, default_params, supports,
+        tunables, HEAD_DIMS, PAGE_SIZES and _module (compile + load). kernels.cutlass_backend
+        points it at itself and shares the rest of this class."""
+        return sys.modules[__name__]
+
     # registry protocol -------------------------------------------------------------------
     def params_for(self, problem: Problem) -> Params:
-        return default_params(problem, **dict(self.overrides))
+        return self._kernels.default_params(problem, **dict(self.overrides))
 
     def supports(self, problem: Problem) -> str | None:
-        return supports(problem, self.params_for(problem))
+        return self._kernels.supports(problem, self.params_for(problem))
 
     def tunables(self, problem: Problem | None = None) -> dict[str, list]:
-        return tunables(problem)
+        return self._kernels.tunables(problem)
 
     def default_params(self, problem: Problem | None = None) -> dict:
-        return dataclasses.asdict(default_params(problem))
+        return dataclasses.asdict(self._kernels.default_params(problem))
 
     def with_params(self, **params) -> CupyBackend:
-        unknown = set(params) - {f.name for f in dataclasses.fields(Params)}
+        known = [f.name for f in dataclasses.fields(self._kernels.Params)]
+        unknown = set(params) - set(known)
         if unknown:
-            raise ValueError(f"unknown cupy params {sorted(unknown)}; known: "
-                             f"{[f.name for f in dataclasses.fields(Params)]}")
+            raise ValueError(f"unknown {self.name} params {sorted(unknown)}; known: {known}")
         merged = {**dict(self.overrides), **params}
         return dataclasses.replace(self, overrides=tuple(sorted(merged.items())))
 
@@ -323,9 +340,9 @@ class CupyBackend:
     def _params(self, dims, layout: str) -> Params:
         problem = _problem(dims, layout)
         params = self.params_for(problem)
-        reason = supports(problem, params)
+        reason = self._kernels.supports(problem, params)
         if reason:
-            raise ValueError(f"the cupy backend cannot run this problem: {reason}")
+            raise ValueError(f"the {self.name} backend cannot run this problem: {reason}")
         return params
 
     def plan_splits(self, dims, params: Params, device: torch.device) -> int:
@@ -333,8 +350,8 @@ class CupyBackend:
         p = params
         if p.num_splits:
             return p.num_splits
-        mod = _module(device, dims.dtype, dims.head_dim, dims.page_size, dims.block_size,
-                      dims.group, p)
+        mod = self._kernels._module(device, dims.dtype, dims.head_dim, dims.page_size,
+                                    dims.block_size, dims.group, p)
         num_sms, _ = _device_info(_index(device))
         kv_tokens = dims.capacity if dims.mask == "full" else min(dims.capacity, dims.window)
         return choose_splits(dims.batch, dims.num_kv_heads, kv_tokens, p.tile_n, num_sms,
@@ -343,8 +360,8 @@ class CupyBackend:
     def _attention(self, dims, layout, q, k_blk, v_blk, k_cache, v_cache, table, ctx_lens, *,
                    table_stride, max_ctx):
         p = self._params(dims, layout)
-        mod = _module(q.device, q.dtype, dims.head_dim, dims.page_size, dims.block_size,
-                      dims.group, p)
+        mod = self._kernels._module(q.device, q.dtype, dims.head_dim, dims.page_size,
+                                    dims.block_size, dims.group, p)
         splits = self.plan_splits(dims, p, q.device)
         out = torch.empty_like(q)
         rows = dims.block_size * dims.group
@@ -374,17 +391,19 @@ class CupyBackend:
     def _store(self, k_new, v_new, num_new, k_cache, v_cache, table, ctx_lens, *, page_size,
                table_stride, capacity, max_ctx):
         batch, rows, hkv, head_dim = k_new.shape
-        if head_dim not in HEAD_DIMS:
-            raise ValueError(f"k_new: head_dim {head_dim} not compiled (supported: {HEAD_DIMS})")
-        if page_size is not None and page_size not in PAGE_SIZES:
+        head_dims, page_sizes = self._kernels.HEAD_DIMS, self._kernels.PAGE_SIZES
+        if head_dim not in head_dims:
+            raise ValueError(f"k_new: head_dim {head_dim} not compiled (supported: {head_dims})")
+        if page_size is not None and page_size not in page_sizes:
             raise ValueError(f"k_pages: page_size {page_size} not supported "
-                             f"({PAGE_SIZES[0]}..{PAGE_SIZES[-1]})")
+                             f"({page_sizes[0]}..{page_sizes[-1]})")
         if rows == 0 or batch == 0:
             return
         counters = _store_counters(k_new.device, batch)
         # The store kernel only depends on head_dim and the page size; reuse the attention
         # module of a minimal geometry so a step loads one module per layout.
-        mod = _module(k_new.device, k_new.dtype, head_dim, page_size, 1, 1, Params())
+        mod = self._kernels._module(k_new.device, k_new.dtype, head_dim, page_size, 1, 1,
+                                   self._kernels.Params())
         i32 = np.int32
         _launch(mod.store, (rows, batch), (128,),
                 (_ptr(k_new), _ptr(v_new), _ptr(num_new), _ptr(k_cache), _ptr(v_cache),

@@ -37,6 +37,12 @@
 #ifndef WGMMA
 #define WGMMA 0
 #endif
+#ifndef MIN_CTAS
+#define MIN_CTAS 1  // __launch_bounds__ occupancy hint: >1 caps registers to fit that many CTAs
+#endif
+#ifndef SKIP_COMPUTE
+#define SKIP_COMPUTE 0  // diagnostic only: stream K/V through the pipeline, compute nothing
+#endif
 // cache_offset, and the drafter_combine / drafter_store kernels of this module
 #include "combine_store.cuh"
 #if WGMMA
@@ -57,26 +63,32 @@ constexpr int KSTEPS = D / 16;
 constexpr int NTILES = N / 8;
 constexpr int DTILES = D / 8;
 #if WGMMA
-// K/V stage layout [chunk of 8 columns][row][8]: every 8 rows x 16 bytes form one 128-byte core
-// matrix, the canonical no-swizzle layout wgmma reads (K-major for K, MN-major for V). A warp
-// loads 8 rows x 4 chunks per instruction (full 32-byte sectors, conflict-free smem writes);
-// consecutive instructions walk the 8-row groups first, so a thread touches few page ids.
+// K/V stage layout: the canonical 128-byte-swizzle layout wgmma reads (K-major for K, MN-major
+// for V; the same bytes serve both). Columns come in halves of 64 (128 bytes); a half is
+// [N rows][128 B] with 16-byte chunk c of row r stored at chunk c ^ (r % 8), so 8-row x 128-byte
+// atoms are 1024-byte aligned. A warp loads 4 whole 128-byte row segments per instruction (full
+// L2 lines from HBM) and, thanks to the swizzle, writes them to shared memory without conflicts.
 constexpr int TILE_ELEMS = N * D;
+constexpr int HALF_ELEMS = N * 64;
 constexpr bool CONTIG = false;
 constexpr int ITERS = CHUNKS / NT;
-static_assert(CHUNKS % NT == 0 && CPR % 4 == 0, "wgmma tile loads need whole warps");
-constexpr bool GROUPED = RG8 % NUM_WARPS == 0;  // a thread's rows cover RG8 / NUM_WARPS groups
-constexpr int PG = (PAGE_SIZE == 0 || PAGE_SIZE >= N) ? 1 : (GROUPED ? RG8 / NUM_WARPS : ITERS);
+constexpr int QUADS = N / 4;  // 4-row groups per tile
+static_assert(CHUNKS % NT == 0 && D % 64 == 0, "wgmma tile loads need whole warps and halves");
+constexpr bool GROUPED = QUADS % NUM_WARPS == 0;  // a thread's rows cover QUADS / NUM_WARPS quads
+constexpr int PG = (PAGE_SIZE == 0 || PAGE_SIZE >= N) ? 1 : (GROUPED ? QUADS / NUM_WARPS : ITERS);
 __device__ __forceinline__ int load_row(int tid, int it) {
-  return (((tid >> 5) + NUM_WARPS * it) % RG8) * 8 + (tid & 7);
+  return (((tid >> 5) + NUM_WARPS * it) % QUADS) * 4 + ((tid >> 3) & 3);
 }
 __device__ __forceinline__ int load_col(int tid, int it) {
-  return ((((tid >> 5) + NUM_WARPS * it) / RG8) * 4 + ((tid >> 3) & 3)) * 8;
+  return ((((tid >> 5) + NUM_WARPS * it) / QUADS) * 8 + (tid & 7)) * 8;
 }
-__device__ __forceinline__ int tile_off(int row, int col) { return (col >> 3) * (N * 8) + row * 8; }
-// first row of the page-id slot j of this thread
+__device__ __forceinline__ int tile_off(int row, int col) {
+  const int c = col >> 3;
+  return (c >> 3) * HALF_ELEMS + row * 64 + (((c & 7) ^ (row & 7)) << 3);
+}
+// first row of the page-id slot j of this thread (4 rows of a quad share a page: PS >= 8)
 __device__ __forceinline__ int page_row(int tid, int j) {
-  return GROUPED ? ((tid >> 5) + NUM_WARPS * j) * 8 : load_row(tid, j);
+  return GROUPED ? (((tid >> 5) + NUM_WARPS * j) % QUADS) * 4 : load_row(tid, j);
 }
 __device__ __forceinline__ int page_slot(int it) { return PG == 1 ? 0 : (GROUPED ? it % PG : it); }
 #else
@@ -128,7 +140,7 @@ static_assert(NUM_WARPS % 4 == 0, "wgmma needs whole warpgroups");
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(NT, 1)
+extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS)
     drafter_attention(const elem_t* __restrict__ q, const elem_t* __restrict__ k_blk,
                       const elem_t* __restrict__ v_blk, const elem_t* __restrict__ k_cache,
                       const elem_t* __restrict__ v_cache, const int* __restrict__ table,
@@ -136,7 +148,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
                       float* __restrict__ o_part, float* __restrict__ lse_part, int qb, int hq,
                       int hkv, int group, int table_stride, int capacity, int max_ctx,
                       int mask_mode, int window, float scale_log2) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];  // swizzle atoms: 1024 B
   elem_t* sK = reinterpret_cast<elem_t*>(smem_raw);  // [STAGES][N][ROW_STRIDE]
   elem_t* sV = sK + STAGES * TILE_ELEMS;
 
@@ -241,14 +253,29 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
   for (int d = 0; d < DTILES; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
+  // Prologue: every page-id lookup first (one dependent round trip, not STAGES - 1), then the
+  // first STAGES - 1 tiles.
+  // (With several page ids per thread the extra registers would spill: look up per stage.)
   int pg[PG];
+  if (PG == 1) {
+    int pg_pro[STAGES - 1][PG];  // PG == 1 here
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < n_iter) {
-      lookup(s, pg);
-      issue(s, s, pg);
+    for (int s = 0; s < STAGES - 1; ++s)
+      if (s < n_iter) lookup(s, pg_pro[s]);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < n_iter) issue(s, s, pg_pro[s]);
+      cp_async_commit();
     }
-    cp_async_commit();
+  } else {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < n_iter) {
+        lookup(s, pg);
+        issue(s, s, pg);
+      }
+      cp_async_commit();
+    }
   }
   if (STAGES - 1 < n_iter) lookup(STAGES - 1, pg);
 
@@ -265,6 +292,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       // Page ids for the tile after: loads stay in flight while this tile computes.
       if (vn + 1 < n_iter) lookup(vn + 1, pg);
     }
+    if (SKIP_COMPUTE) continue;
 #if WGMMA
     if ((warp >> 2) * 64 >= M) continue;  // a warpgroup with no query rows only helps load
 #else
@@ -290,8 +318,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #else
       const unsigned(&qa)[4] = qf[ks];
 #endif
-      // B = K^T, K-major: LBO = next 8 columns (a chunk block of N rows), SBO = next 8 rows
-      WgMma<N>::rs(s, qa, wgmma_desc(cK + ks * 2 * N * 8, N * 16, 128), ks > 0);
+      // B = K^T, K-major, 128B swizzle: k-step ks starts 32 bytes into its half's rows;
+      // SBO = next 8 rows (1024 B); LBO unused
+      WgMma<N>::rs(s, qa, wgmma_desc_sw128(cK + (ks >> 2) * HALF_ELEMS + (ks & 3) * 16, 16, 1024),
+                   ks > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -394,8 +424,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
                              pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                              pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #if WGMMA
-      // B = V, MN-major (transposed): LBO = next 8 keys, SBO = next 8 columns
-      WgMma<D>::rs_tb(o, a, wgmma_desc(cV + kk * 16 * 8, 128, N * 16), 1);
+      // B = V, MN-major (transposed), 128B swizzle: LBO = next 64 columns (a half), SBO = next
+      // 8 keys (1024 B)
+      WgMma<D>::rs_tb(o, a, wgmma_desc_sw128(cV + kk * 16 * 64, HALF_ELEMS * 2, 1024), 1);
     }
     wgmma_commit();
     wgmma_wait<0>();

@@ -15,6 +15,11 @@ __device__ __forceinline__ unsigned long long wgmma_desc(const void* smem, unsig
   return ((addr & 0x3FFFF) >> 4) | (static_cast<unsigned long long>(lbo >> 4) << 16) |
          (static_cast<unsigned long long>(sbo >> 4) << 32);
 }
+// 128-byte-swizzle descriptor (layout type 1 in bits 62-63); atoms must be 1024-byte aligned.
+__device__ __forceinline__ unsigned long long wgmma_desc_sw128(const void* smem, unsigned lbo,
+                                                               unsigned sbo) {
+  return wgmma_desc(smem, lbo, sbo) | (1ull << 62);
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
