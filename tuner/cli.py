@@ -4,6 +4,11 @@
     tuner show [filters] [--format F]     the database's results as a table, CSV or JSON
     tuner compile --sm 90,100,103         static compile profiles (no GPU needed)
     tuner merge DST SRC [SRC ...]         merge databases (e.g. from several machines)
+    tuner export --sm 90 --out F.json     tuned table for the runtime (kernels.dispatch)
+    tuner diff A.json B.json [--gate]     winner flips and slowdowns between two tables
+    tuner predict --sm 100 [--from 90]    roofline-projected rows (provenance predicted)
+    tuner auto --preset P --page 64 ...   paged or arena for a deployment, with reasons
+    tuner rounding --hits 100,2000        context hidden from the drafter by page rounding
 """
 
 from __future__ import annotations
@@ -278,6 +283,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dst")
     p.add_argument("src", nargs="+")
     p.set_defaults(func=cmd_merge)
+
+    from tuner import tables_cli
+
+    tables_cli.add_commands(sub, _add_db)
     return ap
 
 

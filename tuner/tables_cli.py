@@ -1,0 +1,239 @@
+"""`tuner` subcommands for tuned tables and deployment decisions (registered by tuner.cli):
+
+    tuner export --sm 90 --out profiles/sm90.json     tuned table (JSON) for the runtime
+    tuner diff A.json B.json [--threshold 0.05] [--gate]
+    tuner predict --sm 100 [--from 90] [--gpu B200]  roofline-projected rows (provenance predicted)
+    tuner auto --preset P --page 64 --max-ctx 32768 --concurrency 64 --prefix-hit 0.3 --serving agg
+    tuner rounding --hits 100,2000,@hits.txt [--pages 16,32,64,128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tuner.db import SchemaError, default_path
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+
+
+def _hit_lengths(text: str) -> list[int]:
+    """Comma-separated lengths; @FILE reads whitespace/comma-separated lengths from a file."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if part.startswith("@"):
+            try:
+                words = Path(part[1:]).read_text().replace(",", " ").split()
+            except OSError as exc:
+                raise argparse.ArgumentTypeError(f"cannot read {part[1:]}: {exc.strerror}") from None
+        else:
+            words = [part]
+        for w in words:
+            if not w.isdigit():
+                raise argparse.ArgumentTypeError(f"hit lengths must be non-negative integers, got {w!r}")
+            out.append(int(w))
+    if not out:
+        raise argparse.ArgumentTypeError("no hit lengths given")
+    return out
+
+
+def _fail(command: str, exc: Exception) -> int:
+    print(f"tuner {command}: {exc}", file=sys.stderr)
+    return 2
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def cmd_export(args) -> int:
+    from kernels.dispatch import TableError
+    from tuner.export import export_table, write_table
+
+    path = args.db or default_path()
+    try:
+        table = export_table(path, args.sm, include_predicted=args.include_predicted,
+                             resolve_commits=not args.no_commits)
+    except (SchemaError, TableError) as exc:
+        return _fail("export", exc)
+    n = len(table["entries"])
+    if not n:
+        want = f" for sm {','.join(map(str, args.sm))}" if args.sm else ""
+        return _fail("export", f"{path} holds no ok rows{want}; nothing to export")
+    out = write_table(table, args.out)
+    kinds = sorted({e["provenance"]["kind"] for e in table["entries"]})
+    print(f"{n} tuned entries ({', '.join(kinds)}; sm {', '.join(map(str, table['source']['sms']))}) "
+          f"from {table['source']['rows']} rows of {path} -> {out}", file=sys.stderr)
+    return 0
+
+
+def cmd_diff(args) -> int:
+    from kernels.dispatch import TableError
+    from tuner.export import diff_tables, diff_text, read_table
+
+    try:
+        a, b = read_table(args.a), read_table(args.b)
+    except TableError as exc:
+        return _fail("diff", exc)
+    d = diff_tables(a, b, args.threshold)
+    if args.format == "json":
+        print(json.dumps(d, indent=1))
+    else:
+        print(diff_text(d, args.a, args.b))
+    if args.gate and (d["flips"] or d["slowdowns"]):
+        print(f"tuner diff: gate failed: {len(d['flips'])} winner flips, {len(d['slowdowns'])} "
+              f"slowdowns beyond {args.threshold:.1%}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_predict(args) -> int:
+    from tuner.predict import DatasheetError, load_datasheets, predict
+
+    try:
+        if args.list:
+            for g in load_datasheets(args.datasheets):
+                star = " (default for its SM)" if g.default_for_sm else ""
+                print(f"sm{g.sm:<4} {g.name:<24} {g.bandwidth_tbs:>6.3f} TB/s{star}  [{g.source}]")
+            return 0
+        if args.sm is None:
+            return _fail("predict", "--sm is required (the SM to predict for)")
+        s = predict(args.db or default_path(), args.sm, args.from_sm, gpu=args.gpu,
+                    datasheets=args.datasheets)
+    except (SchemaError, DatasheetError) as exc:
+        return _fail("predict", exc)
+    for src in s["sources"]:
+        print(f"from {src['gpu']} ({src['datasheet']}, {src['tbs']} TB/s [{src['source']}])", file=sys.stderr)
+    print(f"to {s['target']} sm{s['target_sm']} ({s['target_tbs']} TB/s [{s['target_source']}])",
+          file=sys.stderr)
+    print(f"{s['written']} predicted rows written from sm{s['from_sm']}; {s['skipped_done']} predicted "
+          f"before; {s['skipped_no_bytes']} without bytes_moved", file=sys.stderr)
+    for name in s["no_datasheet"]:
+        print(f"tuner predict: no datasheet entry matches {name!r}: its rows were skipped "
+              f"(add it to the datasheet table)", file=sys.stderr)
+    return 0
+
+
+def cmd_auto(args) -> int:
+    from kernels.auto import Deployment, recommend
+    from kernels.dispatch import TableError, load_entries
+
+    try:
+        d = Deployment(args.preset, args.page, args.max_ctx, args.concurrency, args.prefix_hit,
+                       args.serving, args.mean_ctx)
+    except ValueError as exc:
+        return _fail("auto", exc)
+    source = Path(args.table or args.db or default_path())
+    entries: list = []
+    note = None
+    if source.exists():
+        try:
+            entries, _ = load_entries(source, include_predicted=args.include_predicted)
+        except TableError as exc:
+            return _fail("auto", exc)
+    else:
+        note = f"no tuned table or profile database at {source}: nothing measured"
+    rec = recommend(d, entries, args.sm, latency_tolerance=args.tolerance, hit_lengths=args.hit_lengths)
+    if args.format == "json":
+        out = rec.as_dict()
+        out["measurements"] = str(source)
+        if note:
+            out["missing"].insert(0, note)
+        print(json.dumps(out, indent=1))
+    else:
+        if note:
+            print(note)
+        print(f"measurements: {source}")
+        print(rec.to_text())
+    return 0
+
+
+def cmd_rounding(args) -> int:
+    from kernels.auto import page_rounding, page_rounding_text
+
+    try:
+        stats = page_rounding(args.hits, args.pages)
+    except ValueError as exc:
+        return _fail("rounding", exc)
+    if args.format == "json":
+        print(json.dumps({str(k): v for k, v in stats.items()}, indent=1))
+    else:
+        print("context tokens hidden from the drafter when an unpaired pool rounds a prefix hit's "
+              "first stored position up to a page boundary")
+        print(page_rounding_text(stats))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def add_commands(sub, add_db) -> None:
+    """Register export, diff, predict, auto and rounding on tuner's subparsers."""
+    p = sub.add_parser("export", help="write a tuned table (JSON) for the runtime",
+                       description="Winners per (SM, problem) from the profile database, with the "
+                       "bucket rules of the runtime and provenance per entry (sweep, commit of the "
+                       "measured kernel sources, date, GPU). Predicted rows are left out unless asked.")
+    add_db(p)
+    p.add_argument("--sm", type=_ints, help="SMs to export, e.g. 90 or 90,100 (default: all)")
+    p.add_argument("--out", required=True, help="output path, e.g. profiles/sm90.json")
+    p.add_argument("--include-predicted", action="store_true",
+                   help="also rows of provenance 'predicted' (measured rows still win)")
+    p.add_argument("--no-commits", action="store_true", help="do not look up commits in git")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("diff", help="compare two tuned tables (winner flips, slowdowns)")
+    p.add_argument("a", help="the old table")
+    p.add_argument("b", help="the new table")
+    p.add_argument("--threshold", type=float, default=0.05,
+                   help="slowdown/speedup threshold as a fraction (default 0.05 = 5%%)")
+    p.add_argument("--gate", action="store_true", help="exit 1 on any winner flip or slowdown")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("predict", help="roofline-projected rows for an SM you do not own",
+                       description="Project the measured rows of the nearest measured SM onto a "
+                       "target GPU by datasheet memory bandwidth; stored with provenance 'predicted'.")
+    add_db(p)
+    p.add_argument("--sm", type=int, help="SM to predict for, e.g. 100")
+    p.add_argument("--from", dest="from_sm", type=int, help="measured SM to project from "
+                   "(default: the nearest measured, same family first)")
+    p.add_argument("--gpu", help="target GPU by name in the datasheet table (default: the SM's default)")
+    p.add_argument("--datasheets", help="datasheet table (TOML; default: tuner/datasheets.toml)")
+    p.add_argument("--list", action="store_true", help="print the datasheet table and stop")
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("auto", help="paged or arena for a deployment, with measured reasons")
+    p.add_argument("--preset", required=True, help="drafter geometry preset")
+    p.add_argument("--page", type=int, required=True, help="page size of the paged pool")
+    p.add_argument("--max-ctx", type=int, required=True, help="maximum context per request (tokens)")
+    p.add_argument("--concurrency", type=int, required=True, help="requests decoding at once")
+    p.add_argument("--prefix-hit", type=float, default=0.0,
+                   help="expected fraction of prompt tokens from the prefix cache (0..1)")
+    p.add_argument("--serving", choices=["agg", "disagg"], default="agg",
+                   help="aggregated, or disaggregated prefill/decode")
+    p.add_argument("--mean-ctx", type=int, help="typical context length (memory below max ctx)")
+    p.add_argument("--hit-lengths", type=_hit_lengths,
+                   help="prefix-hit lengths for the page-rounding distribution (list or @FILE)")
+    p.add_argument("--sm", type=int, help="SM of the measurements (default: the only one present)")
+    p.add_argument("--table", help="tuned table or profile database (default: --db, else the default database)")
+    add_db(p)
+    p.add_argument("--include-predicted", action="store_true", help="also use predicted rows")
+    p.add_argument("--tolerance", type=float, default=0.01,
+                   help="paged latency overhead over the arena still accepted (default 0.01 = 1%%)")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.set_defaults(func=cmd_auto)
+
+    p = sub.add_parser("rounding", help="tokens hidden from the drafter by page rounding of prefix hits")
+    p.add_argument("--hits", type=_hit_lengths, required=True, help="prefix-hit lengths (list or @FILE)")
+    p.add_argument("--pages", type=_ints, default=[16, 32, 64, 128], help="page sizes (default 16,32,64,128)")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.set_defaults(func=cmd_rounding)
