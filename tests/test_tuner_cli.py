@@ -136,7 +136,7 @@ def test_merge(capsys, db_path, tmp_path):
 
 def test_sweep_dry_run_bad_spec_and_no_gpu(capsys, monkeypatch, tmp_path):
     rc, out, err = _run(capsys, "sweep", "default", "--dry-run")
-    assert rc == 0 and "144 candidates" in err and "qwen3-8b-dflash-b16 page16 B=1 ctx=2048 cupy" in out
+    assert rc == 0 and "36 candidates" in err and "qwen3-8b-dflash-b16 page16 B=1 ctx=8192 cupy" in out
     bad = tmp_path / "bad.toml"
     bad.write_text("[sweep]\nbackends = ['cupy']\npresets = ['qwen3-8b-dflash-b16']\narena = true\n"
                    "batches = [1, -8]\nctx_lens = [1]\n")
