@@ -5,15 +5,7 @@
 # tests and the attention table, and leaves logs and results under $OUT (or ./out).
 set -uo pipefail
 what=${1:-all}; shift || true
-OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-export DRAFTER_CACHE_DIR=${DRAFTER_CACHE_DIR:-/tmp/drafter-cache} PYTHONUNBUFFERED=1
-export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/flashinfer} MAX_JOBS=${MAX_JOBS:-16}
+source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 rc=0
 if [[ $what == tests || $what == all ]]; then

@@ -6,15 +6,7 @@
 # 3. `tuner sweep default`                                                       -> $OUT/sm90.db
 # Each stage has a time limit so a slow stage cannot starve the others.
 set -uo pipefail
-OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-export DRAFTER_CACHE_DIR=${DRAFTER_CACHE_DIR:-/tmp/drafter-cache} PYTHONUNBUFFERED=1
-export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/flashinfer} MAX_JOBS=${MAX_JOBS:-16}
+source "$(dirname "$0")/gpu_env.sh"
 db=/tmp/sm90.db
 {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

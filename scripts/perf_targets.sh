@@ -5,15 +5,7 @@
 # with "main" (it is also stage 1 of scripts/gpu_results.sh); always: the sliding preset at 2k vs
 # 32k, and gpt-oss (head_dim 64, Qb 8) and laguna (GQA 9, sliding_causal) at B=32 ctx 8k.
 set -uo pipefail
-OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-export DRAFTER_CACHE_DIR=${DRAFTER_CACHE_DIR:-/tmp/drafter-cache} PYTHONUNBUFFERED=1
-export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/flashinfer} MAX_JOBS=${MAX_JOBS:-16}
+source "$(dirname "$0")/gpu_env.sh"
 t() { python3 -m bench.attention_table --reps 50 "$@" | grep -v "^{"; }
 [[ ${1:-} == main ]] && t --out "$OUT/main"
 t --preset dflash2-w2048 --batch 1,8,32 --ctx 2k,32k --page 64 --baseline none --out "$OUT/sliding"

@@ -1,0 +1,11 @@
+# Sourced by the scripts/gpu_*.sh entry points: $OUT, the carried wheels (.whl/: nvidia-cutlass,
+# flashinfer) installed into /tmp/site, and the cache folders of the kernels and of FlashInfer.
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export DRAFTER_CACHE_DIR=${DRAFTER_CACHE_DIR:-/tmp/drafter-cache} PYTHONUNBUFFERED=1
+export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/flashinfer} MAX_JOBS=${MAX_JOBS:-16}
