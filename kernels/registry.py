@@ -146,3 +146,9 @@ register(
     "kernels.cupy_backend:BACKEND",
     extra="install the CUDA extra, pip install -e '.[cu13]' (CUDA 13) or '.[cu12]' (CUDA 12)",
 )
+register(
+    "cutlass",
+    "kernels.cutlass_backend:BACKEND",
+    extra="the CUDA and CUTLASS extras, pip install -e '.[cu13,cutlass]' (CuTe headers from "
+          "nvidia-cutlass, NVRTC from nvidia-cuda-nvrtc, CuPy to launch)",
+)

@@ -9,6 +9,7 @@ The tuner's `tuner compile` prints the same table and stores it in the profile d
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ class Variant:
     dynamic_smem: int
     options: tuple = ()  # extra NVRTC options
     sm: int | None = None  # the one SM target this variant is for (None: every target)
+    include_dirs: tuple = ()  # extra -I directories (the CuTe headers for cutlass)
+    header_identity: str = ""  # version of those headers, part of the cubin cache key
 
     @property
     def label(self) -> str:
@@ -61,8 +64,37 @@ def cupy_default_variants(page_sizes=DEFAULT_PAGES, presets=None,
     return list(out.values())
 
 
+def cutlass_default_variants(page_sizes=DEFAULT_PAGES, presets=None,
+                             wgmma: bool = True) -> list[Variant]:
+    """The cutlass backend's default-parameter variants for every preset geometry and layout
+    (mma.sync, for every SM target), plus with `wgmma` the sm_90a warpgroup-MMA variant
+    (params wgmma=True) where the shape allows it. Empty when the nvidia-cutlass wheel (the
+    `cutlass` extra) is not installed."""
+    try:
+        from kernels import cutlass_backend as kb
+    except ImportError:
+        return []
+    from kernels.spec import Problem
+
+    out = {}
+    for geom in (presets or PRESETS).values():
+        for page in (*page_sizes, None):
+            problem = Problem(geom, "paged" if page else "arena", page, 1, 0)
+            base = kb.default_params(problem)
+            for params, sm in ((base, None), (dataclasses.replace(base, wgmma=True), 90)):
+                defines = kb.variant_defines(geom.dtype, geom.head_dim, page, geom.block_size,
+                                             geom.group, params, sm)
+                if sm is not None and not (wgmma and defines["WGMMA"]):
+                    continue  # no warpgroup path for this shape: the mma.sync variant serves
+                key = tuple(sorted(defines.items()))
+                out[key] = Variant("cutlass", kb.SOURCE, key, kb.defines_smem(defines),
+                                   kb.NVRTC_OPTIONS, sm, (kb.include_dir(),),
+                                   kb.header_identity())
+    return list(out.values())
+
+
 def default_variants(page_sizes=DEFAULT_PAGES) -> list[Variant]:
-    return cupy_default_variants(page_sizes)
+    return cupy_default_variants(page_sizes) + cutlass_default_variants(page_sizes)
 
 
 def _compile_one(args) -> list[dict]:
@@ -70,7 +102,8 @@ def _compile_one(args) -> list[dict]:
 
     variant, sm = args
     res = compile_cubin(variant.source, dict(variant.defines), arch_for_sm(sm),
-                        extra_options=variant.options)
+                        include_dirs=variant.include_dirs, extra_options=variant.options,
+                        header_identity=variant.header_identity)
     return [
         dict(sm=sm, arch=res.arch, backend=variant.backend, variant=variant.label, kernel=name,
              registers=r.registers, spill_bytes=r.spill_store_bytes + r.spill_load_bytes,

@@ -22,8 +22,9 @@ from kernels.spec import Geometry
 pytestmark = pytest.mark.gpu
 
 # Registry names, optionally with pinned params: "cupy" runs wgmma on sm_90 where the shape allows,
-# "cupy:wgmma=0" forces the mma.sync path everywhere.
-BACKENDS = ["cupy", "cupy:wgmma=0"]
+# "cupy:wgmma=0" forces the mma.sync path everywhere; "cutlass" is the CuTe port of the same
+# algorithm (mma.sync), "cutlass:wgmma=1" its warpgroup-MMA path on sm_90 where the shape allows.
+BACKENDS = ["cupy", "cupy:wgmma=0", "cutlass", "cutlass:wgmma=1"]
 
 
 def _backend(spec: str):

@@ -30,6 +30,9 @@
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_atom.hpp>
 #include <cute/atom/mma_atom.hpp>
+#if WGMMA
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#endif
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
@@ -51,6 +54,9 @@
 #endif
 #ifndef MIN_CTAS
 #define MIN_CTAS 1  // __launch_bounds__ occupancy hint: >1 caps registers to fit that many CTAs
+#endif
+#ifndef WGMMA
+#define WGMMA 0
 #endif
 
 // cache_offset, drafter_combine and drafter_store (the same code as the cupy backend's)
@@ -89,7 +95,7 @@ constexpr int kPG = (PAGE_SIZE == 0 || PAGE_SIZE >= kIters) ? 1 : kIters;  // pa
 constexpr int kQRows = kThreads / kCPR;
 constexpr int kQIters = kM / kQRows;
 // Shared memory, in elements: stage s holds K at s * kStageElems and V right after it.
-constexpr int kRowStride = kD + 8;
+constexpr int kRowStride = WGMMA ? kD : kD + 8;
 constexpr int kTileElems = kN * kRowStride;
 constexpr int kStageElems = 2 * kTileElems;
 constexpr bool kQAlias = !Q_SMEM && kM * kRowStride <= kStageElems;
@@ -101,16 +107,36 @@ static_assert(kThreads % kCPR == 0 && kM % kQRows == 0, "Q rows must split evenl
 static_assert(kStages >= 2, "STAGES >= 2");
 static_assert(PAGE_SIZE == 0 || (PAGE_SIZE & (PAGE_SIZE - 1)) == 0, "page size: power of two");
 
+#if WGMMA
+// sm_90a: one warpgroup MMA per 64 rows, A (Q, then P) from registers, B (K, then V) straight
+// from shared memory through GMMA descriptors: S = Q K^T with K K-major, O = P V with V
+// MN-major (d contiguous). The K/V tiles use the 128-byte-swizzled GMMA layouts; V's (d, key)
+// view is the same bytes as its (key, d) tile.
+static_assert(kWarps % 4 == 0, "WGMMA needs whole warpgroups (NUM_WARPS % 4 == 0)");
+static_assert(kD % 64 == 0, "WGMMA: HEAD_DIM must be a multiple of the 64-element swizzle atom");
+using MmaS = decltype(make_tiled_mma(
+    GMMA::rs_op_selector<Elem, Elem, float, Shape<_64, Int<kN>, _16>, GMMA::Major::K, GMMA::Major::K>(),
+    Layout<Shape<Int<kWarps / 4>, _1, _1>>{}));
+using MmaO = decltype(make_tiled_mma(
+    GMMA::rs_op_selector<Elem, Elem, float, Shape<_64, Int<kD>, _16>, GMMA::Major::K, GMMA::Major::MN>(),
+    Layout<Shape<Int<kWarps / 4>, _1, _1>>{}));
+using SmemKV = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{}, Shape<Int<kN>, Int<kD>>{}));
+using SmemVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Elem>{}, Shape<Int<kD>, Int<kN>>{},
+                                      Step<_2, _1>{}));
+using SmemQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{}, Shape<Int<kM>, Int<kD>>{}));
+#else
 // Warps stacked along M, 16 rows each; the N (and K) extent 16 lets one ldmatrix.x4 feed two
 // n8 atoms.
-using TiledMma = decltype(make_tiled_mma(MMA_Atom<MmaOp>{}, Layout<Shape<Int<kWarps>, _1, _1>>{},
-                                         Tile<Int<kM>, _16, _16>{}));
+using MmaS = decltype(make_tiled_mma(MMA_Atom<MmaOp>{}, Layout<Shape<Int<kWarps>, _1, _1>>{},
+                                     Tile<Int<kM>, _16, _16>{}));
+using MmaO = MmaS;
 // Rows padded by 16 bytes: the 8 row addresses of an ldmatrix hit 8 distinct 16-byte bank
 // groups, and every ldmatrix of a thread is its base address plus a compile-time offset.
 using SmemKV = Layout<Shape<Int<kN>, Int<kD>>, Stride<Int<kRowStride>, _1>>;  // (key, d)
 // V seen as (d, key): the B operand of O = P V, read with transposing ldmatrix.
 using SmemVt = Layout<Shape<Int<kD>, Int<kN>>, Stride<_1, Int<kRowStride>>>;
 using SmemQ = Layout<Shape<Int<kM>, Int<kD>>, Stride<Int<kRowStride>, _1>>;  // (row, d)
+#endif
 
 using G2S = Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Elem>;
 using G2SKV = decltype(make_tiled_copy(G2S{},
@@ -122,8 +148,10 @@ using G2SQ = decltype(make_tiled_copy(G2S{},
 using LdsmN = Copy_Atom<SM75_U32x4_LDSM_N, Elem>;
 using LdsmT = Copy_Atom<SM75_U16x8_LDSM_T, Elem>;
 
-// S's accumulator fragment ((2,2), 1, kN/8) read as the A fragment ((2,2,2), 1, kN/16) of P V:
-// two neighbouring n8 accumulator tiles are the two k8 halves of one m16n8k16 A operand.
+// S's accumulator fragment read as the A fragment ((2,2,2), 1, kN/16) of P V: two neighbouring
+// n8 accumulator tiles are the two k8 halves of one k16 A operand. Accumulator value i of a
+// thread is (column pair element c, row half h, n8 tile n) with i = c + 2h + 4n, for the SM80
+// ((2,2), 1, kN/8) and the SM90 ((2,2,kN/8), 1, 1) fragments alike.
 using PLayout = Layout<Shape<Shape<_2, _2, _2>, _1, Int<kN / 16>>, Stride<Stride<_1, _2, _4>, _0, _8>>;
 
 enum { MASK_FULL = 0, MASK_SLIDING = 1, MASK_SLIDING_CAUSAL = 2 };
@@ -132,6 +160,12 @@ enum { MASK_FULL = 0, MASK_SLIDING = 1, MASK_SLIDING_CAUSAL = 2 };
 template <class T>
 __device__ __forceinline__ auto at_stage(T const& t, int s) {
   return make_tensor(t.data() + s * kStageElems, t.layout());
+}
+
+// Accumulator element (c, h, n) of a thread (see PLayout).
+template <class T>
+__device__ __forceinline__ float& acc(T& t, int c, int h, int n) {
+  return t(c + 2 * h + 4 * n);
 }
 
 }  // namespace cute_drafter
@@ -146,6 +180,7 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
                       int mask_mode, int window, float scale_log2) {
   using namespace cute_drafter;
   using drafter::cache_offset;
+  using drafter::fast_exp2;
   using drafter::pack2;
   const Elem* q = reinterpret_cast<const Elem*>(q_);
   const Elem* k_blk = reinterpret_cast<const Elem*>(k_blk_);
@@ -153,7 +188,7 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
   const Elem* k_cache = reinterpret_cast<const Elem*>(k_cache_);
   const Elem* v_cache = reinterpret_cast<const Elem*>(v_cache_);
 
-  extern __shared__ __align__(128) unsigned char smem_raw[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];  // GMMA swizzle atoms: 1 KB
   Elem* smem = reinterpret_cast<Elem*>(smem_raw);
 
   const int split = blockIdx.x, num_splits = gridDim.x;
@@ -227,34 +262,32 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
     if (!loader) return;
     Tensor dK = at_stage(tKs, stage);
     Tensor dV = at_stage(tVs, stage);
-    // row `it` of this thread: 8 elements from baseK/baseV + off, zero-filled when !valid
-    auto row_copy = [&](int it, const Elem* baseK, const Elem* baseV, long long off, bool valid) {
+    const bool is_block = v >= n_ctx_here;
+    const int kstart = (t0 + v) * kN;
+    CUTE_UNROLL
+    for (int it = 0; it < kIters; ++it) {
+      const auto rc = tKVc(make_coord(0, it), 0, 0);
+      const int row = get<0>(rc), col = get<1>(rc);
+      long long off;
+      bool valid;
+      const Elem *baseK, *baseV;
+      if (is_block) {  // the block's own K/V [B, Qb, Hkv, D]
+        valid = row < qb;
+        off = ((static_cast<long long>(b) * qb + (valid ? row : 0)) * hkv + kvh) * kD + col;
+        baseK = k_blk;
+        baseV = v_blk;
+      } else {  // context tile t0 + v
+        const int kp = kstart + row;
+        valid = kp < P;
+        off = valid ? cache_offset(pg[kPG == 1 ? 0 : it], kvh, hkv, kp, max_ctx) + col : 0;
+        baseK = k_cache;
+        baseV = v_cache;
+      }
+      // 8 elements of row `it`; zero-filled (nothing read) when !valid
       copy(G2S{}.with(valid), make_tensor(make_gmem_ptr(baseK + off), Layout<_8>{}),
            dK(make_coord(_, it), 0, 0));
       copy(G2S{}.with(valid), make_tensor(make_gmem_ptr(baseV + off), Layout<_8>{}),
            dV(make_coord(_, it), 0, 0));
-    };
-    if (v >= n_ctx_here) {  // the block's own K/V [B, Qb, Hkv, D]
-      CUTE_UNROLL
-      for (int it = 0; it < kIters; ++it) {
-        const auto rc = tKVc(make_coord(0, it), 0, 0);
-        const int row = get<0>(rc), col = get<1>(rc);
-        const bool valid = row < qb;
-        row_copy(it, k_blk, v_blk,
-                 ((static_cast<long long>(b) * qb + (valid ? row : 0)) * hkv + kvh) * kD + col,
-                 valid);
-      }
-    } else {  // context tile t0 + v
-      const int kstart = (t0 + v) * kN;
-      CUTE_UNROLL
-      for (int it = 0; it < kIters; ++it) {
-        const auto rc = tKVc(make_coord(0, it), 0, 0);
-        const int kp = kstart + get<0>(rc), col = get<1>(rc);
-        const bool valid = kp < P;
-        row_copy(it, k_cache, v_cache,
-                 valid ? cache_offset(pg[kPG == 1 ? 0 : it], kvh, hkv, kp, max_ctx) + col : 0,
-                 valid);
-      }
     }
   };
 
@@ -270,24 +303,28 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
   if (kStages - 1 < n_iter) lookup(kStages - 1, pg);
 
   // ---- MMA partitions
-  TiledMma mma;
-  auto thr_mma = mma.get_thread_slice(tid);
-  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);  // (MMA, 1, kD/16)
-  Tensor tSrK = thr_mma.partition_fragment_B(sK);  // (MMA, kN/8, kD/16)
-  Tensor tOrVt = thr_mma.partition_fragment_B(sVt);  // (MMA, kD/8, kN/16)
-  auto s2r_q = make_tiled_copy_A(LdsmN{}, mma);
-  auto s2r_k = make_tiled_copy_B(LdsmN{}, mma);
-  auto s2r_v = make_tiled_copy_B(LdsmT{}, mma);
+  MmaS mma_s;
+  MmaO mma_o;
+  auto thr_s = mma_s.get_thread_slice(tid);
+  auto thr_o = mma_o.get_thread_slice(tid);
+  Tensor tSrQ = thr_s.partition_fragment_A(sQ);  // (MMA, 1, kD/16) registers
+  auto s2r_q = make_tiled_copy_A(LdsmN{}, mma_s);
   Tensor tSsQ = s2r_q.get_thread_slice(tid).partition_S(sQ);
   Tensor tSrQ_v = s2r_q.get_thread_slice(tid).retile_D(tSrQ);
+#if !WGMMA
+  Tensor tSrK = thr_s.partition_fragment_B(sK);  // (MMA, kN/8, kD/16)
+  Tensor tOrVt = thr_o.partition_fragment_B(sVt);  // (MMA, kD/8, kN/16)
+  auto s2r_k = make_tiled_copy_B(LdsmN{}, mma_s);
+  auto s2r_v = make_tiled_copy_B(LdsmT{}, mma_o);
   Tensor tSsK = s2r_k.get_thread_slice(tid).partition_S(sK);
   Tensor tSrK_v = s2r_k.get_thread_slice(tid).retile_D(tSrK);
   Tensor tOsVt = s2r_v.get_thread_slice(tid).partition_S(sVt);
   Tensor tOrVt_v = s2r_v.get_thread_slice(tid).retile_D(tOrVt);
+#endif
 
   // (row, col) of every accumulator element this thread holds: rows r0 (h = 0) and r0 + 8 (h = 1)
-  Tensor cS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kM>, Int<kN>>{}));
-  Tensor cO = thr_mma.partition_C(make_identity_tensor(Shape<Int<kM>, Int<kD>>{}));
+  Tensor cS = thr_s.partition_C(make_identity_tensor(Shape<Int<kM>, Int<kN>>{}));
+  Tensor cO = thr_o.partition_C(make_identity_tensor(Shape<Int<kM>, Int<kD>>{}));
   const int r0 = get<0>(cS(0)), r1 = r0 + 8;
   const int i0 = min(r0 / group, qb - 1), i1 = min(r1 / group, qb - 1);
 
@@ -295,16 +332,19 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
   // Q to registers once: wait for the Q group only (the K/V groups stay in flight).
   cp_async_wait<kStages - 1>();
   __syncthreads();
-  if (warp * 16 < M) copy(s2r_q, tSsQ, tSrQ_v);
+  copy(s2r_q, tSsQ, tSrQ_v);
   // The Q tile may share the last stage: it is first overwritten after the loop's first barrier.
 #endif
 
-  Tensor tOrO = partition_fragment_C(mma, Shape<Int<kM>, Int<kD>>{});  // ((2,2), 1, kD/8)
+  Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<kM>, Int<kD>>{});
   clear(tOrO);
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
   for (int v = 0; v < n_iter; ++v) {
     cp_async_wait<kStages - 2>();
+#if WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async -> wgmma reads
+#endif
     __syncthreads();  // tile v visible to all; stage (v-1)%STAGES free for reuse
     {
       const int vn = v + kStages - 1;
@@ -313,11 +353,33 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
       // Page ids for the tile after: loads stay in flight while this tile computes.
       if (vn + 1 < n_iter) lookup(vn + 1, pg);
     }
-    if (warp * 16 >= M) continue;  // a warp with no query rows only helps load
     const int stage = v % kStages;
+    Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<kM>, Int<kN>>{});
+#if WGMMA
+    if ((warp >> 2) * 64 >= M) continue;  // a warpgroup with no query rows only helps load
+
+    // S = Q K^T (64 rows x kN keys per warpgroup), K read by the MMA from shared memory
+#if Q_SMEM
+    copy(s2r_q, tSsQ, tSrQ_v);
+#endif
+    Tensor tSrK = thr_s.partition_fragment_B(
+        make_tensor(make_smem_ptr(smem + stage * kStageElems), SmemKV{}));  // descriptors
+    warpgroup_fence_operand(tSrQ);
+    warpgroup_fence_operand(tSrS);
+    warpgroup_arrive();
+    mma_s.accumulate_ = GMMA::ScaleOut::Zero;
+    CUTE_UNROLL
+    for (int k = 0; k < kKSteps; ++k) {
+      gemm(mma_s, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
+      mma_s.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+#else
+    if (warp * 16 >= M) continue;  // a warp with no query rows only helps load
 
     // S = Q K^T (16 rows x kN keys per warp)
-    Tensor tSrS = partition_fragment_C(mma, Shape<Int<kM>, Int<kN>>{});  // ((2,2), 1, kN/8)
     clear(tSrS);
     Tensor tSsK_s = at_stage(tSsK, stage);
     CUTE_UNROLL
@@ -326,8 +388,9 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
       copy(s2r_q, tSsQ(_, _, k), tSrQ_v(_, _, k));
 #endif
       copy(s2r_k, tSsK_s(_, _, k), tSrK_v(_, _, k));
-      gemm(mma, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
+      gemm(mma_s, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
     }
+#endif
 
     // scale into the log2 domain; mask only tiles that some row cannot fully see
     const bool is_block = v >= n_ctx_here;
@@ -340,9 +403,9 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
       for (int h = 0; h < 2; ++h) {
         CUTE_UNROLL
         for (int c = 0; c < 2; ++c) {
-          float x = tSrS(make_coord(c, h), 0, n) * scale_log2;
+          float x = acc(tSrS, c, h, n) * scale_log2;
           if (need_mask) {
-            const int col = get<1>(cS(make_coord(c, h), 0, n));
+            const int col = get<1>(cS(c + 2 * h + 4 * n));
             const int i = h ? i1 : i0;
             bool vis;
             if (is_block) {
@@ -356,7 +419,7 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
             }
             if (!vis) x = -INFINITY;
           }
-          tSrS(make_coord(c, h), 0, n) = x;
+          acc(tSrS, c, h, n) = x;
         }
       }
     }
@@ -365,8 +428,8 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
     float mx0 = -INFINITY, mx1 = -INFINITY;
     CUTE_UNROLL
     for (int n = 0; n < kN / 8; ++n) {
-      mx0 = fmaxf(mx0, fmaxf(tSrS(make_coord(0, 0), 0, n), tSrS(make_coord(1, 0), 0, n)));
-      mx1 = fmaxf(mx1, fmaxf(tSrS(make_coord(0, 1), 0, n), tSrS(make_coord(1, 1), 0, n)));
+      mx0 = fmaxf(mx0, fmaxf(acc(tSrS, 0, 0, n), acc(tSrS, 1, 0, n)));
+      mx1 = fmaxf(mx1, fmaxf(acc(tSrS, 0, 1, n), acc(tSrS, 1, 1, n)));
     }
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 1));
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
@@ -375,7 +438,7 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
     const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
     const float base0 = mn0 == -INFINITY ? 0.f : mn0;  // a fully masked row stays at zero
     const float base1 = mn1 == -INFINITY ? 0.f : mn1;
-    const float a0 = exp2f(m0 - base0), a1 = exp2f(m1 - base1);
+    const float a0 = fast_exp2(m0 - base0), a1 = fast_exp2(m1 - base1);
     m0 = mn0;
     m1 = mn1;
     float ps0 = 0.f, ps1 = 0.f;
@@ -383,10 +446,10 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
     for (int n = 0; n < kN / 8; ++n) {
       CUTE_UNROLL
       for (int c = 0; c < 2; ++c) {
-        float& x0 = tSrS(make_coord(c, 0), 0, n);
-        float& x1 = tSrS(make_coord(c, 1), 0, n);
-        x0 = exp2f(x0 - base0);
-        x1 = exp2f(x1 - base1);
+        float& x0 = acc(tSrS, c, 0, n);
+        float& x1 = acc(tSrS, c, 1, n);
+        x0 = fast_exp2(x0 - base0);
+        x1 = fast_exp2(x1 - base1);
         ps0 += x0;
         ps1 += x1;
       }
@@ -397,8 +460,8 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
     for (int n = 0; n < kD / 8; ++n) {
       CUTE_UNROLL
       for (int c = 0; c < 2; ++c) {
-        tOrO(make_coord(c, 0), 0, n) *= a0;
-        tOrO(make_coord(c, 1), 0, n) *= a1;
+        acc(tOrO, c, 0, n) *= a0;
+        acc(tOrO, c, 1, n) *= a1;
       }
     }
 
@@ -407,12 +470,26 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
     CUTE_UNROLL
     for (int e = 0; e < kN / 4; ++e) p_regs[e] = pack2(tSrS(2 * e), tSrS(2 * e + 1));
     Tensor tOrP = make_tensor(make_rmem_ptr(reinterpret_cast<Elem*>(p_regs)), PLayout{});
+#if WGMMA
+    Tensor tOrVt = thr_o.partition_fragment_B(
+        make_tensor(make_smem_ptr(smem + stage * kStageElems + kTileElems), SmemVt{}));
+    CUTE_UNROLL
+    for (int e = 0; e < kN / 4; ++e) warpgroup_fence_operand(p_regs[e]);
+    warpgroup_fence_operand(tOrO);
+    warpgroup_arrive();
+    CUTE_UNROLL
+    for (int kk = 0; kk < kN / 16; ++kk) gemm(mma_o, tOrP(_, _, kk), tOrVt(_, _, kk), tOrO);
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+#else
     Tensor tOsVt_s = at_stage(tOsVt, stage);
     CUTE_UNROLL
     for (int kk = 0; kk < kN / 16; ++kk) {
       copy(s2r_v, tOsVt_s(_, _, kk), tOrVt_v(_, _, kk));
-      gemm(mma, tOrP(_, _, kk), tOrVt(_, _, kk), tOrO);
+      gemm(mma_o, tOrP(_, _, kk), tOrVt(_, _, kk), tOrO);
     }
+#endif
   }
   cp_async_wait<0>();
 
@@ -432,9 +509,9 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
       elem_t* dst = out_ + ((static_cast<long long>(b) * qb + r / group) * hq + kvh * group + r % group) * kD;
       CUTE_UNROLL
       for (int n = 0; n < kD / 8; ++n) {
-        const int col = get<1>(cO(make_coord(0, h), 0, n));
+        const int col = get<1>(cO(2 * h + 4 * n));
         *reinterpret_cast<uint32_t*>(dst + col) =
-            pack2(tOrO(make_coord(0, h), 0, n) * inv, tOrO(make_coord(1, h), 0, n) * inv);
+            pack2(acc(tOrO, 0, h, n) * inv, acc(tOrO, 1, h, n) * inv);
       }
     }
   } else {
@@ -447,9 +524,9 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
       float* dst = o_part + (row_base + r) * kD;
       CUTE_UNROLL
       for (int n = 0; n < kD / 8; ++n) {
-        const int col = get<1>(cO(make_coord(0, h), 0, n));
+        const int col = get<1>(cO(2 * h + 4 * n));
         *reinterpret_cast<float2*>(dst + col) =
-            make_float2(tOrO(make_coord(0, h), 0, n) * inv, tOrO(make_coord(1, h), 0, n) * inv);
+            make_float2(acc(tOrO, 0, h, n) * inv, acc(tOrO, 1, h, n) * inv);
       }
       if (t4 == 0) {
         const float l = h ? l1 : l0, m = h ? m1 : m0;

@@ -1,0 +1,235 @@
+"""The `cutlass` backend: the drafter-attention algorithm of the cupy backend written with CuTe
+(kernels/cuda/cute_drafter_attention.cu, headers from the nvidia-cutlass wheel), compiled with
+NVRTC against the CUDA toolkit's own CCCL and launched through CuPy on torch's current stream.
+
+Everything but the kernel family is shared with kernels.cupy_backend: the contract functions,
+split planning, workspaces, launches on torch's stream and the store counters come from
+`CupyBackend`; this module supplies the names `CupyBackend._kernels` asks for (Params,
+default_params, supports, tunables, HEAD_DIMS, PAGE_SIZES, _module). The kernels take the same
+arguments and defines as the cupy ones; the split-KV combine and the context store are the same
+code (kernels/cuda/combine_store.cuh) compiled into the CuTe module.
+
+What it covers against cupy: the same problems (bf16/fp16, head_dim 64 and 128, Qb*G up to 256
+rows, page sizes 8..256 and the arena, the three mask modes). The products run on SM80 mma.sync
+atoms by default; `wgmma=True` runs them on SM90 warpgroup MMAs reading K/V from shared memory
+where that can run (an sm_90 GPU, Qb*G rows in whole 64-row warpgroups) and keeps mma.sync
+elsewhere. Unlike cupy's (wgmma=None: wherever it runs), the warpgroup path is opt-in here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import sys
+import threading
+from dataclasses import dataclass
+
+import torch
+
+import cutlass_library  # the nvidia-cutlass wheel: CuTe headers (import fails without it)
+
+from kernels import cupy_backend as cb
+from kernels.nvrtc import arch_for_sm, compile_cubin
+from kernels.spec import Problem
+
+SOURCE = "cute_drafter_attention.cu"
+HEAD_DIMS = (64, 128)
+PAGE_SIZES = cb.PAGE_SIZES
+MAX_ROWS = cb.MAX_ROWS
+SMEM_LIMIT = cb.SMEM_LIMIT
+# As for cupy: ptxas would otherwise cap some variants at 128 registers and spill.
+NVRTC_OPTIONS = ("-maxrregcount=255",)
+
+
+@functools.cache
+def include_dir() -> str:
+    """CUTLASS/CuTe headers shipped in the nvidia-cutlass wheel."""
+    inc = os.path.join(cutlass_library.source_path, "include")
+    if not os.path.exists(os.path.join(inc, "cute", "tensor.hpp")):
+        raise FileNotFoundError(f"CuTe headers not found under {inc} (nvidia-cutlass wheel)")
+    return inc
+
+
+@functools.cache
+def header_identity() -> str:
+    """Part of the cubin cache key: the CUTLASS headers' version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"cutlass-{version('nvidia-cutlass')}"
+    except PackageNotFoundError:
+        return f"cutlass-{getattr(cutlass_library, '__version__', 'unknown')}"
+
+
+@dataclass(frozen=True)
+class Params:
+    """Tunable knobs, as cupy's: `num_splits=0` picks the split count from the batch, heads and
+    capacity; `q_smem` re-reads Q from shared memory per tile instead of holding it in
+    registers; `min_ctas` is the __launch_bounds__ occupancy the compiler must fit; `wgmma`
+    runs both products on warpgroup MMAs where it can (sm_90, whole 64-row warpgroups)."""
+
+    tile_n: int = 64
+    stages: int = 3
+    num_splits: int = 0
+    q_smem: bool = False
+    min_ctas: int = 1
+    wgmma: bool = False
+
+    def smem_bytes(self, head_dim: int, warps: int) -> int:
+        return smem_bytes(self.tile_n, self.stages, head_dim, warps, self.q_smem, self.wgmma)
+
+
+def smem_bytes(tile_n: int, stages: int, head_dim: int, warps: int, q_smem: bool,
+               wgmma: bool = False) -> int:
+    """Dynamic shared memory of the CuTe kernel (mirrors kQAlias/kQOffset in the source):
+    `stages` x (K + V tiles of tile_n rows), plus the Q tile of 16 * warps rows unless it
+    borrows the last stage (Q held in registers and small enough); rows of head_dim + 8
+    elements (16 bytes of padding, as in the cupy kernel), or head_dim with wgmma (swizzled
+    GMMA layouts)."""
+    row = head_dim if wgmma else head_dim + 8
+    stage = 2 * tile_n * row
+    q_tile = 16 * warps * row
+    alias = not q_smem and q_tile <= stage
+    return 2 * (stages * stage + (0 if alias else q_tile))
+
+
+num_warps = cb.num_warps
+
+
+def default_params(problem: Problem | None = None, **overrides) -> Params:
+    """Defaults chosen so no default variant spills on sm_90a/100a/103a: above 8 warps (a CTA of
+    9-12 warps gets the register budget of 12, 168 registers a thread) Q moves to shared memory
+    and the key tile halves (with a fourth stage to keep as many bytes in flight). That is
+    earlier than cupy, which halves the tile above 12 warps only: the CuTe kernel keeps a few
+    more values live and spills at 9 warps with 64-key tiles."""
+    base = Params()
+    if problem is not None:
+        warps = num_warps(problem.geometry.block_size, problem.geometry.group)
+        if warps > 8:
+            base = Params(tile_n=32, stages=4, q_smem=True)
+    return dataclasses.replace(base, **overrides)
+
+
+def supports(problem: Problem, params: Params | None = None) -> str | None:
+    """None when the cutlass kernels run this problem, else the reason they do not."""
+    g = problem.geometry
+    params = params or default_params(problem)
+    if g.dtype not in ("bfloat16", "float16"):
+        return f"dtype {g.dtype} not supported (bfloat16, float16)"
+    if g.head_dim not in HEAD_DIMS:
+        return f"head_dim {g.head_dim} not compiled (supported: {HEAD_DIMS})"
+    if g.block_size * g.group > MAX_ROWS:
+        return (f"Qb*G = {g.block_size}*{g.group} = {g.block_size * g.group} query rows exceed "
+                f"{MAX_ROWS} per CTA")
+    if params.tile_n not in (16, 32, 64, 128, 256):
+        return f"tile_n {params.tile_n} must be a power of two from 16 to 256"
+    if params.stages < 2:
+        return f"stages {params.stages} < 2 (the cp.async pipeline needs two stages)"
+    if g.block_size > params.tile_n:
+        return f"block_size {g.block_size} exceeds tile_n {params.tile_n}"
+    if problem.layout == "paged" and problem.page_size not in PAGE_SIZES:
+        return f"page_size {problem.page_size} not supported ({PAGE_SIZES[0]}..{PAGE_SIZES[-1]})"
+    warps = num_warps(g.block_size, g.group)
+    need = smem_bytes(params.tile_n, params.stages, g.head_dim, warps, params.q_smem)  # >= wgmma's
+    if need > SMEM_LIMIT:
+        return (f"tile_n={params.tile_n} stages={params.stages} q_smem={params.q_smem} needs "
+                f"{need} bytes of smem (> 227 KB)")
+    return None
+
+
+def tunables(problem: Problem | None = None) -> dict[str, list]:
+    return {
+        "tile_n": [32, 64, 128],
+        "stages": [2, 3, 4],
+        "num_splits": [0, 1, 2, 4, 8, 16, 32],
+        "q_smem": [False, True],
+        "min_ctas": [1, 2],
+        "wgmma": [False, True],
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# compile + load
+
+
+def use_wgmma(params: Params, head_dim: int, warps: int, sm: int | None) -> bool:
+    """Warpgroup MMAs run on sm_90 (sm_90a code) for whole 64-row warpgroups."""
+    return bool(params.wgmma) and sm == 90 and warps % 4 == 0 and head_dim % 64 == 0
+
+
+def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | None,
+                    block_size: int, group: int, params: Params,
+                    sm: int | None = None) -> dict[str, int]:
+    """The cupy kernel's defines, so both backends share the variant machinery. `sm` is the
+    compile target (None: any, which never gets the sm_90a-only warpgroup MMAs)."""
+    name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    warps = num_warps(block_size, group)
+    return dict(
+        DTYPE_BF16=int(name == "bfloat16"),
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size or 0,
+        TILE_N=params.tile_n,
+        NUM_WARPS=num_warps(block_size, group),
+        STAGES=params.stages,
+        Q_SMEM=int(params.q_smem),
+        MIN_CTAS=params.min_ctas,
+        WGMMA=int(use_wgmma(params, head_dim, warps, sm)),
+    )
+
+
+def defines_smem(defines: dict[str, int]) -> int:
+    return smem_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
+                      defines["NUM_WARPS"], bool(defines["Q_SMEM"]), bool(defines["WGMMA"]))
+
+
+def compile_variant(defines: dict[str, int], sm: int):
+    return compile_cubin(SOURCE, defines, arch_for_sm(sm), include_dirs=(include_dir(),),
+                         extra_options=NVRTC_OPTIONS, header_identity=header_identity())
+
+
+_load_lock = threading.Lock()
+
+
+@functools.cache
+def _load(index: int, defines_items: tuple) -> cb._Module:
+    import cupy
+
+    defines = dict(defines_items)
+    _, sm = cb._device_info(index)
+    result = compile_variant(defines, sm)
+    with cupy.cuda.Device(index):
+        mod = cupy.RawModule(path=str(result.cubin_path))
+        attn = mod.get_function("drafter_attention")
+        smem = defines_smem(defines)
+        attn.max_dynamic_shared_size_bytes = smem
+        regs = attn.num_regs  # from the loaded cubin itself
+    return cb._Module(attn, mod.get_function("drafter_combine"),
+                      mod.get_function("drafter_store"), smem, regs, defines["NUM_WARPS"] * 32)
+
+
+def _module(device: torch.device, dtype, head_dim, page_size, block_size, group,
+            params: Params) -> cb._Module:
+    index = cb._index(device)
+    defines = variant_defines(dtype, head_dim, page_size, block_size, group, params,
+                              cb._device_info(index)[1])
+    with _load_lock:
+        return _load(index, tuple(sorted(defines.items())))
+
+
+# --------------------------------------------------------------------------------------------
+# the backend
+
+
+@dataclass(frozen=True)
+class CutlassBackend(cb.CupyBackend):
+    """The four contract functions on the CuTe kernels; `overrides` pin tunables."""
+
+    name: str = "cutlass"
+
+    @property
+    def _kernels(self):
+        return sys.modules[__name__]
+
+
+BACKEND = CutlassBackend()

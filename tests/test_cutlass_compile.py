@@ -1,0 +1,174 @@
+"""The cutlass backend's CuTe kernels compile with NVRTC on a machine without a GPU (CPU test).
+
+The main preset's default variants (paged 64 and arena) are compiled once per session for sm_90a,
+sm_100a and sm_103a, plus its warpgroup-MMA variants (wgmma=True) for sm_90a (the on-disk cubin
+cache makes later runs instant); every kernel must be free of spills, and the SASS (cuobjdump
+-sass) must hold tensor-core MMAs (HMMA, or HGMMA for wgmma), the cp.async and ldmatrix the CuTe
+atoms stand for, and no trap instruction.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+cutlass_library = pytest.importorskip("cutlass_library", reason="needs the `cutlass` extra")
+
+from kernels import registry  # noqa: E402
+from kernels.presets import MAIN_PRESET, PRESETS  # noqa: E402
+from kernels.spec import Geometry, Problem  # noqa: E402
+
+SMS = (90, 100, 103)
+
+
+def _nvrtc_available() -> str | None:
+    from kernels import nvrtc
+
+    try:
+        nvrtc.nvrtc_version()
+        nvrtc.cuda_include_dir()
+    except Exception as exc:  # no cuda-bindings / libnvrtc / CUDA headers on this machine
+        return f"NVRTC unavailable: {exc}"
+    return None
+
+
+def _cuobjdump() -> str | None:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for sub in ("cu13", "cuda_cuobjdump"):
+            path = Path(root) / sub / "bin" / "cuobjdump"
+            if path.exists():
+                return str(path)
+    return None
+
+
+@pytest.fixture(scope="session")
+def compiled():
+    """One row per (SM, variant, kernel) for the main preset's paged-64 and arena variants
+    (mma.sync on every SM, wgmma on sm_90a)."""
+    reason = _nvrtc_available()
+    if reason:
+        pytest.skip(reason)
+    from kernels.static_profile import compile_variants, cutlass_default_variants
+
+    variants = cutlass_default_variants(page_sizes=(64,), presets={MAIN_PRESET: PRESETS[MAIN_PRESET]})
+    assert len(variants) == 4  # paged 64 + arena, mma.sync + wgmma
+    return compile_variants(SMS, variants, workers=min(2, os.cpu_count() or 1))
+
+
+def _sass(cubin: str) -> str:
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found (nvidia-cuda-cuobjdump wheel)")
+    res = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def _functions(sass: str) -> dict[str, list[str]]:
+    """Instruction lines of each function in a cuobjdump -sass listing."""
+    out: dict[str, list[str]] = {}
+    current = None
+    for line in sass.splitlines():
+        if m := re.search(r"Function : (\S+)", line):
+            current = m.group(1)
+            out[current] = []
+        elif current and re.match(r"\s+/\*[0-9a-f]{4}\*/", line):
+            out[current].append(line)
+    return out
+
+
+def _wgmma(row) -> bool:
+    return "wgmma=1" in row["variant"]
+
+
+def test_every_sm_and_layout_compiled(compiled):
+    seen = {(r["sm"], r["variant"].split(":")[1], _wgmma(r)) for r in compiled}
+    assert seen == ({(sm, layout, False) for sm in SMS for layout in ("page64", "arena")}
+                    | {(90, layout, True) for layout in ("page64", "arena")})
+    kernels = {r["kernel"] for r in compiled}
+    assert kernels == {"drafter_attention", "drafter_combine", "drafter_store"}
+
+
+def test_no_spills(compiled):
+    spilling = [f"sm_{r['sm']} {r['variant']} {r['kernel']}: {r['spill_bytes']} spill bytes, "
+                f"{r['stack_bytes']} stack bytes" for r in compiled
+                if r["spill_bytes"] or r["stack_bytes"]]
+    assert not spilling, "\n".join(spilling)
+    for r in compiled:
+        if r["kernel"] == "drafter_attention":
+            assert 0 < r["registers"] <= 255
+            # 3 stages x (K + V) 64 x (128 + 8) (padded rows) or 64 x 128 (swizzled, wgmma);
+            # Q borrows the third stage
+            assert r["smem_dynamic"] == (98304 if _wgmma(r) else 104448)
+
+
+def test_sass_has_tensor_cores_and_no_trap(compiled):
+    for cubin, wgmma in sorted({(r["cubin"], _wgmma(r)) for r in compiled}):
+        funcs = _functions(_sass(cubin))
+        assert "drafter_attention" in funcs, sorted(funcs)
+        attn = "\n".join(funcs["drafter_attention"])
+        mma = r"\bHGMMA\." if wgmma else r"\bHMMA\."
+        assert re.search(mma, attn), f"{cubin}: no {mma} in drafter_attention"
+        assert "LDGSTS" in attn, f"{cubin}: no cp.async (LDGSTS) in drafter_attention"
+        assert "LDSM" in attn, f"{cubin}: no ldmatrix (LDSM) in drafter_attention"
+        for name, lines in funcs.items():
+            traps = [line.strip() for line in lines if "TRAP" in line]
+            assert not traps, f"{cubin}: {name} has trap instructions: {traps[:3]}"
+
+
+def test_static_profile_lists_both_backends():
+    from kernels.static_profile import cutlass_default_variants, default_variants
+
+    backends = {v.backend for v in default_variants()}
+    assert {"cupy", "cutlass"} <= backends
+    for v in cutlass_default_variants():
+        assert v.source == "cute_drafter_attention.cu" and v.include_dirs and v.header_identity
+        assert v.header_identity.startswith("cutlass-")
+        assert dict(v.defines)["WGMMA"] == (v.sm == 90)  # warpgroup variants: sm_90a only
+
+
+def test_backend_protocol_and_supports():
+    from kernels import cutlass_backend as kb
+
+    backend = registry.get("cutlass")
+    assert isinstance(backend, registry.Backend) and backend.name == "cutlass"
+    main = Problem(PRESETS[MAIN_PRESET], "paged", 64, 8, 4096)
+    assert backend.supports(main) is None
+    assert backend.default_params(main) == {"tile_n": 64, "stages": 3, "num_splits": 0,
+                                            "q_smem": False, "min_ctas": 1, "wgmma": False}
+    assert set(backend.tunables(main)) == set(backend.default_params(main))
+    laguna = Problem(PRESETS["laguna-dflash"], "arena", None, 2, 1000)
+    # 9 warps (168 registers a thread): Q in shared memory, 32-key tiles
+    assert backend.params_for(laguna) == kb.Params(tile_n=32, stages=4, q_smem=True)
+    with pytest.raises(ValueError, match="unknown cutlass params"):
+        backend.with_params(skip_compute=True)  # a cupy-only knob
+    assert backend.with_params(tile_n=32).params_for(main).tile_n == 32
+    assert "head_dim 96" in backend.supports(Problem(Geometry(8, 2, 96, 16), "paged", 64, 1, 10))
+    assert "query rows exceed" in backend.supports(Problem(Geometry(32, 1, 128, 16), "arena",
+                                                           None, 1, 10))
+    assert "power of two from 16" in backend.with_params(tile_n=8).supports(main)
+    assert "stages 1 < 2" in backend.with_params(stages=1).supports(main)
+    assert "smem" in backend.with_params(tile_n=128, stages=4).supports(
+        Problem(PRESETS["laguna-dflash"], "paged", 64, 1, 10))
+    # wgmma=True: warpgroup MMAs on sm_90 for whole 64-row warpgroups, mma.sync otherwise
+    wg = backend.with_params(wgmma=True)
+    assert wg.supports(main) is None and wg.supports(laguna) is None
+    for (qb, group, sm), want in {(16, 4, 90): 1, (16, 8, 90): 1, (16, 4, 100): 0,
+                                  (16, 9, 90): 0, (10, 4, 90): 1}.items():
+        params = wg.params_for(Problem(Geometry(8 * group, 8, 128, qb), "arena", None, 1, 1))
+        assert kb.variant_defines("bfloat16", 128, None, qb, group, params, sm)["WGMMA"] == want
+    # the host's shared-memory size mirrors the kernel's layout
+    assert kb.smem_bytes(64, 3, 128, 4, False) == 3 * 2 * 64 * 136 * 2  # Q borrows stage 3
+    assert kb.smem_bytes(64, 3, 128, 9, True) == (3 * 2 * 64 + 144) * 136 * 2
+    assert kb.smem_bytes(32, 3, 128, 8, False) == (3 * 2 * 32 + 128) * 136 * 2  # Q too big
+    assert kb.smem_bytes(64, 3, 128, 4, False, wgmma=True) == 3 * 2 * 64 * 128 * 2  # swizzled
