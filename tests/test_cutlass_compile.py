@@ -126,6 +126,58 @@ def test_sass_has_tensor_cores_and_no_trap(compiled):
             assert not traps, f"{cubin}: {name} has trap instructions: {traps[:3]}"
 
 
+# (HEAD_DIM, TILE_N, NUM_WARPS, STAGES, Q_SMEM, WGMMA): the main preset's mma.sync and wgmma
+# variants and the 9-warp default (32-key tiles, Q in shared memory, 8 threads that do not load)
+LAYOUT_CASES = [(128, 64, 4, 3, 0, 0), (128, 32, 9, 3, 1, 0), (128, 64, 4, 3, 0, 1)]
+
+
+def _nvcc() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    try:
+        from kernels.nvrtc import cuda_include_dir
+
+        path = Path(cuda_include_dir()).parent / "bin" / "nvcc"
+    except Exception:
+        return None
+    return str(path) if path.exists() else None
+
+
+@pytest.mark.parametrize("case", LAYOUT_CASES, ids=lambda c: "d{}-n{}-w{}-s{}-q{}-wg{}".format(*c))
+def test_gather_partitions_match_the_smem_layouts(case):
+    """Built for the host with nvcc (cached by content): the CuTe copy partitions the kernel's
+    gathers use put every row where its layouts (and the page-id lookup) expect."""
+    import hashlib
+
+    from kernels import cutlass_backend as kb
+    from kernels.nvrtc import CUDA_SRC_DIR, cache_dir
+
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found (the CUDA toolkit builds the host-side layout check)")
+    check = Path(__file__).with_name("cute_layout_check.cu")
+    names = ("HEAD_DIM", "TILE_N", "NUM_WARPS", "STAGES", "Q_SMEM", "WGMMA")
+    defines = [f"-D{k}={v}" for k, v in zip(names, case)] + ["-DPAGE_SIZE=64", "-DDTYPE_BF16=1"]
+    digest = hashlib.sha256()
+    for path in (check, CUDA_SRC_DIR / kb.SOURCE, CUDA_SRC_DIR / "combine_store.cuh",
+                 CUDA_SRC_DIR / "common.cuh"):
+        digest.update(path.read_bytes())
+    digest.update(" ".join(defines + [kb.header_identity()]).encode())
+    exe = cache_dir().parent / "layout_check" / f"check-{digest.hexdigest()[:20]}"
+    if not exe.exists():
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        tmp = exe.with_suffix(f".tmp{os.getpid()}")
+        build = subprocess.run(
+            [nvcc, "-std=c++17", "-w", "-arch=sm_90a", f"-I{kb.include_dir()}",
+             f"-I{CUDA_SRC_DIR}", *defines, "-o", str(tmp), str(check)],
+            capture_output=True, text=True, timeout=600)
+        assert build.returncode == 0, build.stderr[-4000:]
+        os.replace(tmp, exe)
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
 def test_static_profile_lists_both_backends():
     from kernels.static_profile import cutlass_default_variants, default_variants
 
@@ -149,7 +201,7 @@ def test_backend_protocol_and_supports():
     assert set(backend.tunables(main)) == set(backend.default_params(main))
     laguna = Problem(PRESETS["laguna-dflash"], "arena", None, 2, 1000)
     # 9 warps (168 registers a thread): Q in shared memory, 32-key tiles
-    assert backend.params_for(laguna) == kb.Params(tile_n=32, stages=4, q_smem=True)
+    assert backend.params_for(laguna) == kb.Params(tile_n=32, stages=3, q_smem=True)
     with pytest.raises(ValueError, match="unknown cutlass params"):
         backend.with_params(skip_compute=True)  # a cupy-only knob
     assert backend.with_params(tile_n=32).params_for(main).tile_n == 32

@@ -194,7 +194,15 @@ def cmd_compile(args) -> int:
         if unknown:
             raise SystemExit(f"tuner compile: --presets: unknown preset(s) {unknown}; known: {', '.join(PRESETS)}")
         presets = {p: PRESETS[p] for p in args.presets.split(",")}
-    variants = static_profile.cupy_default_variants(args.pages, presets, sms=args.sm)
+    variants = []
+    if args.backend in ("all", "cupy"):
+        variants += static_profile.cupy_default_variants(args.pages, presets, sms=args.sm)
+    if args.backend in ("all", "cutlass"):
+        cutlass = static_profile.cutlass_default_variants(args.pages, presets)
+        if not cutlass:
+            print("tuner compile: no cutlass variants (nvidia-cutlass is not installed: "
+                  "pip install -e '.[cutlass]')", file=sys.stderr)
+        variants += cutlass
     rows = static_profile.compile_variants(args.sm, variants, workers=args.workers)
     static_profile.print_table(rows)
     spills = [r for r in rows if r["spill_bytes"]]
@@ -275,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pages", type=_int_list, default=(16, 64, 128),
                    help="page sizes of the paged variants (default 16,64,128; the arena is always compiled)")
     p.add_argument("--workers", type=int, help="parallel compiler processes (default: CPU count)")
+    p.add_argument("--backend", choices=["all", "cupy", "cutlass"], default="all",
+                   help="whose kernels (default: all; cutlass needs the nvidia-cutlass wheel)")
     _add_db(p)
     p.add_argument("--no-db", action="store_true", help="print only; store nothing")
     p.set_defaults(func=cmd_compile)

@@ -170,6 +170,9 @@ __device__ __forceinline__ float& acc(T& t, int c, int h, int n) {
 
 }  // namespace cute_drafter
 
+// CUTE_DRAFTER_LAYOUTS_ONLY: the types above without the kernel (tests/cute_layout_check.cu
+// checks the gather partitions on the host).
+#ifndef CUTE_DRAFTER_LAYOUTS_ONLY
 extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
     drafter_attention(const elem_t* __restrict__ q_, const elem_t* __restrict__ k_blk_,
                       const elem_t* __restrict__ v_blk_, const elem_t* __restrict__ k_cache_,
@@ -535,3 +538,4 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
     }
   }
 }
+#endif  // CUTE_DRAFTER_LAYOUTS_ONLY
