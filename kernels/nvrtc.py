@@ -102,18 +102,22 @@ def _check(err, what: str, log: str = "") -> None:
         raise CompileError(f"{what} failed: {err}\n{log}")
 
 
-@functools.cache
-def _sources_digest() -> str:
+def _read_sources() -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(CUDA_SRC_DIR.glob("*.cu*"))}
+
+
+def _digest(sources: dict[str, bytes]) -> str:
     h = hashlib.sha256()
-    for path in sorted(CUDA_SRC_DIR.glob("*.cu*")):
-        h.update(path.name.encode())
-        h.update(path.read_bytes())
+    for name, data in sources.items():
+        h.update(name.encode())
+        h.update(data)
     return h.hexdigest()
 
 
 def sources_digest() -> str:
-    """Hash of every shipped kernel source (part of the environment fingerprint)."""
-    return _sources_digest()
+    """Hash of every shipped kernel source (part of the environment fingerprint). Read anew on
+    each call, so an edit made while a process runs is never keyed under the old hash."""
+    return _digest(_read_sources())
 
 
 _FUNC_RE = re.compile(r"Function properties for (\S+)")
@@ -169,8 +173,10 @@ def compile_cubin(
         *(f"-D{k}={v}" for k, v in sorted(defines.items())),
         *extra_options,
     ]
+    # The key hashes the very bytes compiled below (the source and its sibling headers).
+    sources = _read_sources()
     key_src = json.dumps(
-        [_sources_digest(), nvrtc_version(), source, options[:1] + options[4:], header_identity]
+        [_digest(sources), nvrtc_version(), source, options[:1] + options[4:], header_identity]
     )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
     stem = f"{src_path.stem}-{arch}-{key}"
@@ -183,7 +189,7 @@ def compile_cubin(
 
     nvrtc = _nvrtc()
     t0 = time.perf_counter()
-    err, prog = nvrtc.nvrtcCreateProgram(src_path.read_bytes(), str(src_path).encode(), 0, [], [])
+    err, prog = nvrtc.nvrtcCreateProgram(sources[source], str(src_path).encode(), 0, [], [])
     _check(err, "nvrtcCreateProgram")
     try:
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(options), [o.encode() for o in options])

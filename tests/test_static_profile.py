@@ -19,8 +19,10 @@ pytest.importorskip("cuda.bindings.nvrtc")
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
-    os.environ.setdefault("DRAFTER_CACHE_DIR", str(tmp_path_factory.mktemp("cubins")))
-    return sp.compile_variants(sp.DEFAULT_SMS, sp.cupy_default_variants(), workers=2)
+    with pytest.MonkeyPatch.context() as mp:  # a private cubin cache, for this module only
+        if "DRAFTER_CACHE_DIR" not in os.environ:
+            mp.setenv("DRAFTER_CACHE_DIR", str(tmp_path_factory.mktemp("cubins")))
+        yield sp.compile_variants(sp.DEFAULT_SMS, sp.cupy_default_variants(), workers=2)
 
 
 def test_every_default_variant_compiles_for_every_target(rows):
