@@ -100,21 +100,31 @@ def default_params(problem: Problem | None = None, **overrides) -> Params:
     return dataclasses.replace(base, **overrides)
 
 
+def problem_reason(problem: Problem, tile_n: int, head_dims=HEAD_DIMS,
+                   page_sizes=PAGE_SIZES, max_rows: int = MAX_ROWS) -> str | None:
+    """Checks every kernel family here shares: dtype, head_dim, rows per CTA, tile, page size."""
+    g = problem.geometry
+    if g.dtype not in ("bfloat16", "float16"):
+        return f"dtype {g.dtype} not supported (bfloat16, float16)"
+    if g.head_dim not in head_dims:
+        return f"head_dim {g.head_dim} not compiled (supported: {head_dims})"
+    if g.block_size * g.group > max_rows:
+        return (f"Qb*G = {g.block_size}*{g.group} = {g.block_size * g.group} query rows exceed "
+                f"{max_rows} per CTA")
+    if g.block_size > tile_n:
+        return f"block_size {g.block_size} exceeds tile_n {tile_n}"
+    if problem.layout == "paged" and problem.page_size not in page_sizes:
+        return f"page_size {problem.page_size} not supported ({page_sizes[0]}..{page_sizes[-1]})"
+    return None
+
+
 def supports(problem: Problem, params: Params | None = None) -> str | None:
     """None when the cupy kernels run this problem, else the reason they do not."""
     g = problem.geometry
     params = params or default_params(problem)
-    if g.dtype not in ("bfloat16", "float16"):
-        return f"dtype {g.dtype} not supported (bfloat16, float16)"
-    if g.head_dim not in HEAD_DIMS:
-        return f"head_dim {g.head_dim} not compiled (supported: {HEAD_DIMS})"
-    if g.block_size * g.group > MAX_ROWS:
-        return (f"Qb*G = {g.block_size}*{g.group} = {g.block_size * g.group} query rows exceed "
-                f"{MAX_ROWS} per CTA")
-    if g.block_size > params.tile_n:
-        return f"block_size {g.block_size} exceeds tile_n {params.tile_n}"
-    if problem.layout == "paged" and problem.page_size not in PAGE_SIZES:
-        return f"page_size {problem.page_size} not supported ({PAGE_SIZES[0]}..{PAGE_SIZES[-1]})"
+    reason = problem_reason(problem, params.tile_n)
+    if reason:
+        return reason
     if params.smem_bytes(g.head_dim, num_warps(g.block_size, g.group), bool(params.wgmma)) > SMEM_LIMIT:
         return f"tile_n={params.tile_n} stages={params.stages} needs more than 227 KB of smem"
     return None

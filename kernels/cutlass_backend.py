@@ -114,21 +114,13 @@ def supports(problem: Problem, params: Params | None = None) -> str | None:
     """None when the cutlass kernels run this problem, else the reason they do not."""
     g = problem.geometry
     params = params or default_params(problem)
-    if g.dtype not in ("bfloat16", "float16"):
-        return f"dtype {g.dtype} not supported (bfloat16, float16)"
-    if g.head_dim not in HEAD_DIMS:
-        return f"head_dim {g.head_dim} not compiled (supported: {HEAD_DIMS})"
-    if g.block_size * g.group > MAX_ROWS:
-        return (f"Qb*G = {g.block_size}*{g.group} = {g.block_size * g.group} query rows exceed "
-                f"{MAX_ROWS} per CTA")
     if params.tile_n not in (16, 32, 64, 128, 256):
         return f"tile_n {params.tile_n} must be a power of two from 16 to 256"
     if params.stages < 2:
         return f"stages {params.stages} < 2 (the cp.async pipeline needs two stages)"
-    if g.block_size > params.tile_n:
-        return f"block_size {g.block_size} exceeds tile_n {params.tile_n}"
-    if problem.layout == "paged" and problem.page_size not in PAGE_SIZES:
-        return f"page_size {problem.page_size} not supported ({PAGE_SIZES[0]}..{PAGE_SIZES[-1]})"
+    reason = cb.problem_reason(problem, params.tile_n, HEAD_DIMS, PAGE_SIZES, MAX_ROWS)
+    if reason:
+        return reason
     warps = num_warps(g.block_size, g.group)
     need = smem_bytes(params.tile_n, params.stages, g.head_dim, warps, params.q_smem)  # >= wgmma's
     if need > SMEM_LIMIT:

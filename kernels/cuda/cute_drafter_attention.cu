@@ -27,36 +27,13 @@
 // Q tile, rows of HEAD_DIM + 8 elements; without Q_SMEM the Q tile borrows the last pipeline
 // stage when it fits there (it is moved to registers before that stage is first written). The
 // host mirrors this in kernels/cutlass_backend.py:smem_bytes.
+#include "variant.cuh"
+
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_atom.hpp>
 #include <cute/atom/mma_atom.hpp>
 #if WGMMA
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
-#endif
-
-#ifndef HEAD_DIM
-#define HEAD_DIM 128
-#endif
-#ifndef PAGE_SIZE
-#define PAGE_SIZE 0
-#endif
-#ifndef TILE_N
-#define TILE_N 64
-#endif
-#ifndef NUM_WARPS
-#define NUM_WARPS 4
-#endif
-#ifndef STAGES
-#define STAGES 3
-#endif
-#ifndef Q_SMEM
-#define Q_SMEM 0
-#endif
-#ifndef MIN_CTAS
-#define MIN_CTAS 1  // __launch_bounds__ occupancy hint: >1 caps registers to fit that many CTAs
-#endif
-#ifndef WGMMA
-#define WGMMA 0
 #endif
 
 // cache_offset, drafter_combine and drafter_store (the same code as the cupy backend's)

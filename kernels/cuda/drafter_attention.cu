@@ -15,31 +15,8 @@
 // fed to tensor cores (mma.m16n8k16, fp32 accumulate). Scores live in the log2 domain
 // (scale * log2 e folded in), softmax is online (FlashAttention-2 style) per warp.
 #include "common.cuh"
+#include "variant.cuh"
 
-#ifndef HEAD_DIM
-#define HEAD_DIM 128
-#endif
-#ifndef PAGE_SIZE
-#define PAGE_SIZE 0
-#endif
-#ifndef TILE_N
-#define TILE_N 64
-#endif
-#ifndef NUM_WARPS
-#define NUM_WARPS 4
-#endif
-#ifndef STAGES
-#define STAGES 3
-#endif
-#ifndef Q_SMEM
-#define Q_SMEM 0
-#endif
-#ifndef WGMMA
-#define WGMMA 0
-#endif
-#ifndef MIN_CTAS
-#define MIN_CTAS 1  // __launch_bounds__ occupancy hint: >1 caps registers to fit that many CTAs
-#endif
 #ifndef SKIP_COMPUTE
 #define SKIP_COMPUTE 0  // diagnostic only: stream K/V through the pipeline, compute nothing
 #endif
