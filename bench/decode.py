@@ -234,7 +234,7 @@ def measure_flashinfer(geometry, page: int, batch: int, ctx: int, *, reps: int =
 
     import torch
 
-    from bench.steps import failure
+    from tuner.measure import failure
     from kernels.baselines import FlashInferPaged
     from tuner import roofline, syncs, timing
     from tuner.measure import choose_reps, roofline_row

@@ -13,13 +13,11 @@ decode step's.
 
 from __future__ import annotations
 
-import math
 import time
-import traceback
 
 import torch
 
-from kernels.cache import ArenaKVCache, PagedKVPool, _randn, random_arena_context, random_paged_context
+from tuner.measure import failure
 from tuner.step import DecodeStep
 
 
@@ -30,53 +28,15 @@ class ContextStep(DecodeStep):
     def __init__(self, problem, backend="cupy", params=None, *, chunk: int, device="cuda", seed: int = 0):
         if not isinstance(chunk, int) or chunk <= 0:
             raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
-        self.chunk = chunk  # read by _context/_block while the base class builds the step
+        self.chunk = chunk  # read through store_rows while the base class builds the step
         super().__init__(problem, backend, params, accepted=None, device=device, seed=seed)
         self.num_new_rows = [chunk] * problem.batch
         self.num_new = torch.full((problem.batch,), chunk, dtype=torch.int32, device=self.device)
         self._lens_stored = (self._lens_start + self.num_new).contiguous()
 
-    def _context(self, gen):
-        p, g = self.problem, self.problem.geometry
-        lens = [p.ctx_len] * p.batch
-        if self.paged:
-            ps = p.page_size
-            extra = math.ceil((p.ctx_len + self.chunk) / ps) - math.ceil(p.ctx_len / ps)
-            return random_paged_context(g, lens, ps, self.device, gen, extra_pages=extra)
-        return random_arena_context(g, lens, p.ctx_len + self.chunk, self.device, gen, extra_slots=0)
-
-    def _block(self, gen):
-        p, g = self.problem, self.problem.geometry
-        q_shape = (p.batch, g.block_size, g.num_q_heads, g.head_dim)
-        blk_shape = (p.batch, g.block_size, g.num_kv_heads, g.head_dim)
-        new_shape = (p.batch, self.chunk, g.num_kv_heads, g.head_dim)
-        return tuple(_randn(s, g, self.device, gen)
-                     for s in (q_shape, blk_shape, blk_shape, new_shape, new_shape))
-
     @property
-    def kv_bytes(self) -> int:
-        """K/V bytes of the workload: the context plus the chunk, per request, every layer."""
-        p, g = self.problem, self.problem.geometry
-        tokens = p.ctx_len + self.chunk
-        if self.paged:
-            pages = p.batch * math.ceil(tokens / p.page_size)
-            return PagedKVPool.bytes_for(pages, p.page_size, g.num_kv_heads, g.head_dim, g.num_layers,
-                                         g.torch_dtype)
-        return ArenaKVCache.bytes_for(p.batch, tokens, g.num_kv_heads, g.head_dim, g.num_layers, g.torch_dtype)
-
-
-def failure(exc: BaseException) -> tuple[str, str]:
-    """(status, reason) of a measurement that raised, in the profile database's terms."""
-    from kernels.nvrtc import CompileError
-    from tuner.step import CorrectnessError
-
-    if isinstance(exc, CompileError):
-        return "failed_compile", str(exc)[:4000]
-    if isinstance(exc, CorrectnessError):
-        return "failed_correctness", str(exc)
-    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
-    at = f" (at {where.filename.rsplit('/', 1)[-1]}:{where.lineno})" if where else ""
-    return "failed_runtime", f"{type(exc).__name__}: {exc}{at}"[:4000]
+    def store_rows(self) -> int:
+        return self.chunk
 
 
 def measure_context(wire: dict, chunk: int, *, reps: int = 0) -> dict:

@@ -42,12 +42,12 @@ def test_roofline_row():
 
 
 def test_failure_classification():
-    assert measure._failure(CompileError("NVRTC said no"))[0] == "failed_compile"
-    assert measure._failure(CorrectnessError("rel err 1"))[0] == "failed_correctness"
+    assert measure.failure(CompileError("NVRTC said no"))[0] == "failed_compile"
+    assert measure.failure(CorrectnessError("rel err 1"))[0] == "failed_correctness"
     try:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
     except RuntimeError as exc:
-        status, reason = measure._failure(exc)
+        status, reason = measure.failure(exc)
     assert status == "failed_runtime" and "illegal memory access" in reason
     assert "test_tuner_measure.py" in reason  # where it happened
 

@@ -69,7 +69,8 @@ def time_step(step, reps: int = 0) -> dict:
     return row
 
 
-def _failure(exc: BaseException) -> tuple[str, str]:
+def failure(exc: BaseException) -> tuple[str, str]:
+    """(status, reason) of a measurement that raised, in the profile database's terms."""
     from kernels.nvrtc import CompileError
     from tuner.step import CorrectnessError
 
@@ -109,7 +110,7 @@ def measure_candidate(wire: dict, *, reps: int = 0, nsys: bool = False) -> dict:
         row.update(report.as_row(), graph_capturable=True)
         row.update(status="ok", reason=None)
     except Exception as exc:
-        status, reason = _failure(exc)
+        status, reason = failure(exc)
         row.update(status=status, reason=reason)
     finally:
         try:

@@ -17,12 +17,12 @@ from kernels.cache import ArenaKVCache, PagedKVPool
 from kernels.spec import Problem
 
 
-def kv_bytes_for(problem: Problem, max_ctx: int | None = None) -> int:
-    """K and V bytes over all layers for `batch` requests at `ctx_len` (+ room for a Qb store).
-    `max_ctx` overrides the arena's per-slot capacity (a deployment sizes it for its longest
-    request; the default is the workload's own P + Qb)."""
+def kv_bytes_for(problem: Problem, max_ctx: int | None = None, store_rows: int | None = None) -> int:
+    """K and V bytes over all layers for `batch` requests at `ctx_len` (+ room for a store of
+    `store_rows` rows, default Qb). `max_ctx` overrides the arena's per-slot capacity (a
+    deployment sizes it for its longest request; the default is the workload's own P + rows)."""
     g, p = problem.geometry, problem
-    tokens = p.ctx_len + g.block_size
+    tokens = p.ctx_len + (g.block_size if store_rows is None else store_rows)
     if p.layout == "paged":
         pages = p.batch * math.ceil(tokens / p.page_size)
         return PagedKVPool.bytes_for(pages, p.page_size, g.num_kv_heads, g.head_dim, g.num_layers,

@@ -113,23 +113,29 @@ class DecodeStep:
         self.ctx_lens = list(self._lens.unbind(0))  # per-layer views, each contiguous [B]
 
     # -- building -------------------------------------------------------------------------------
+    @property
+    def store_rows(self) -> int:
+        """Rows per request each store writes (k_new's T): the block's Qb in a decode step."""
+        return self.problem.geometry.block_size
+
     def _context(self, gen):
         """Random context of one layer -> (k, v, block_table or slots, ctx_lens), with room for a
-        store of Qb rows per request."""
+        store of `store_rows` rows per request."""
         p, g = self.problem, self.problem.geometry
         lens = [p.ctx_len] * p.batch
         if self.paged:
             ps = p.page_size
-            extra = math.ceil((p.ctx_len + g.block_size) / ps) - math.ceil(p.ctx_len / ps)
+            extra = math.ceil((p.ctx_len + self.store_rows) / ps) - math.ceil(p.ctx_len / ps)
             return random_paged_context(g, lens, ps, self.device, gen, extra_pages=extra)
-        return random_arena_context(g, lens, p.ctx_len + g.block_size, self.device, gen, extra_slots=0)
+        return random_arena_context(g, lens, p.ctx_len + self.store_rows, self.device, gen, extra_slots=0)
 
     def _block(self, gen):
         """Random q, k_blk, v_blk of the block and k_new, v_new of the rows to store."""
         p, g = self.problem, self.problem.geometry
         q_shape = (p.batch, g.block_size, g.num_q_heads, g.head_dim)
         kv_shape = (p.batch, g.block_size, g.num_kv_heads, g.head_dim)
-        return tuple(_randn(s, g, self.device, gen) for s in (q_shape, kv_shape, kv_shape, kv_shape, kv_shape))
+        new_shape = (p.batch, self.store_rows, g.num_kv_heads, g.head_dim)
+        return tuple(_randn(s, g, self.device, gen) for s in (q_shape, kv_shape, kv_shape, new_shape, new_shape))
 
     # -- the step -------------------------------------------------------------------------------
     def _store(self, layer: int) -> None:
@@ -174,7 +180,7 @@ class DecodeStep:
     @property
     def kv_bytes(self) -> int:
         """K/V bytes of the workload over all layers (memory.kv_bytes_for)."""
-        return memory.kv_bytes_for(self.problem)
+        return memory.kv_bytes_for(self.problem, store_rows=self.store_rows)
 
     @property
     def attention_bytes(self) -> int:
