@@ -144,10 +144,10 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
 # compile + load
 
 
-def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | None,
-                    block_size: int, group: int, params: Params, sm: int) -> dict[str, int]:
+def common_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | None,
+                   block_size: int, group: int, params, wgmma: bool) -> dict[str, int]:
+    """The compile-time knobs every kernel family takes (kernels/cuda/variant.cuh)."""
     name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
-    warps = num_warps(block_size, group)
     return dict(
         DTYPE_BF16=int(name == "bfloat16"),
         HEAD_DIM=head_dim,
@@ -156,10 +156,16 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         NUM_WARPS=num_warps(block_size, group),
         STAGES=params.stages,
         Q_SMEM=int(params.q_smem),
-        WGMMA=int(use_wgmma(params, head_dim, warps, sm)),
+        WGMMA=int(wgmma),
         MIN_CTAS=params.min_ctas,
-        SKIP_COMPUTE=int(params.skip_compute),
     )
+
+
+def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | None,
+                    block_size: int, group: int, params: Params, sm: int) -> dict[str, int]:
+    wgmma = use_wgmma(params, head_dim, num_warps(block_size, group), sm)
+    return dict(common_defines(dtype, head_dim, page_size, block_size, group, params, wgmma),
+                SKIP_COMPUTE=int(params.skip_compute))
 
 
 # ptxas otherwise caps some variants at 128 registers and spills; occupancy is planned by hand.

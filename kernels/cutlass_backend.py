@@ -154,19 +154,8 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
                     sm: int | None = None) -> dict[str, int]:
     """The cupy kernel's defines, so both backends share the variant machinery. `sm` is the
     compile target (None: any, which never gets the sm_90a-only warpgroup MMAs)."""
-    name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
-    warps = num_warps(block_size, group)
-    return dict(
-        DTYPE_BF16=int(name == "bfloat16"),
-        HEAD_DIM=head_dim,
-        PAGE_SIZE=page_size or 0,
-        TILE_N=params.tile_n,
-        NUM_WARPS=num_warps(block_size, group),
-        STAGES=params.stages,
-        Q_SMEM=int(params.q_smem),
-        MIN_CTAS=params.min_ctas,
-        WGMMA=int(use_wgmma(params, head_dim, warps, sm)),
-    )
+    wgmma = use_wgmma(params, head_dim, num_warps(block_size, group), sm)
+    return cb.common_defines(dtype, head_dim, page_size, block_size, group, params, wgmma)
 
 
 def defines_smem(defines: dict[str, int]) -> int:
