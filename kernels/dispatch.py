@@ -90,7 +90,8 @@ SELECT e.sm, e.gpu_name, e.driver, e.cuda, e.sources_hash, r.env_id, r.preset,
        r.num_q_heads, r.num_kv_heads, r.head_dim, r.block_size, r.mask, r.window, r.dtype,
        r.layout, r.page_size, r.batch, r.ctx_len, r.num_layers, r.impl, r.params, r.provenance,
        r.median_us, r.attention_median_us, r.store_median_us, r.syncs_debug, r.syncs_profiler,
-       r.syncs_nsys, r.graph_capturable, r.kv_bytes, r.workspace_bytes, r.sweep_id, r.created_at
+       r.syncs_nsys, r.graph_capturable, r.kv_bytes, r.workspace_bytes, r.sweep_id, r.created_at,
+       r.rowid AS row_order
 FROM results r JOIN environments e USING (env_id)
 WHERE r.status = 'ok' AND r.median_us IS NOT NULL AND r.median_us > 0
 """
@@ -135,6 +136,12 @@ def _canonical(value) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def _age(row: dict) -> tuple:
+    # Timestamps have millisecond resolution, so two rows of one sweep can tie: the later
+    # insert (higher rowid) breaks the tie.
+    return (row.get("created_at") or "", row.get("row_order") or 0)
+
+
 def select_entries(rows, *, include_predicted: bool = False) -> list[dict]:
     """Winners per (SM, shape, batch, context) from result rows (dicts with the columns of
     `DB_ROWS_SQL`): the newest row of each (impl, params) counts; candidates rank measured
@@ -149,7 +156,7 @@ def select_entries(rows, *, include_predicted: bool = False) -> list[dict]:
         cand = (row["impl"], _canonical(_params(row["params"])), kind)
         seen = groups.setdefault(key, {})
         old = seen.get(cand)
-        if old is None or (row.get("created_at") or "") > (old.get("created_at") or ""):
+        if old is None or _age(row) >= _age(old):
             seen[cand] = row
     entries = []
     for key in sorted(groups, key=lambda k: tuple(-1 if v is None else v for v in k)):

@@ -158,12 +158,28 @@ def test_predicted_rows_are_not_mixed_unless_asked(tmp_path):
     assert pick.params["tile_n"] == SLOW["tile_n"]
 
 
-def test_newest_measurement_of_a_candidate_counts(tmp_path):
+@pytest.mark.parametrize("stamps", [None, ("2026-01-01T00:00:00.000+00:00",) * 3],
+                         ids=["now", "same-millisecond"])
+def test_newest_measurement_of_a_candidate_counts(tmp_path, stamps):
+    # FAST measured again, slower; rows of one sweep can share a millisecond: insert order decides
     path = tmp_path / "p.db"
-    build_db(path, {"h": (H200, [dict(params=FAST, median_us=1.0), dict(params=SLOW, median_us=2.0),
-                                 dict(params=FAST, median_us=3.0)])})  # FAST measured again, slower
+    rows = [dict(params=FAST, median_us=1.0), dict(params=SLOW, median_us=2.0),
+            dict(params=FAST, median_us=3.0)]
+    for kw, stamp in zip(rows, stamps or ()):
+        kw["created_at"] = stamp
+    build_db(path, {"h": (H200, rows)})
     pick = Dispatcher.load(path).pick(_p(), sm=90)
     assert pick.params["tile_n"] == SLOW["tile_n"] and pick.entry["candidates"] == 2
+
+
+def test_a_newer_timestamp_beats_a_later_insert(tmp_path):
+    # merged databases insert old rows late: the timestamp, not the insert order, says which is newer
+    path = tmp_path / "p.db"
+    build_db(path, {"h": (H200, [dict(params=FAST, median_us=3.0, created_at="2026-02-01T00:00:00.000+00:00"),
+                                 dict(params=SLOW, median_us=2.0),
+                                 dict(params=FAST, median_us=1.0, created_at="2026-01-01T00:00:00.000+00:00")])})
+    pick = Dispatcher.load(path).pick(_p(), sm=90)
+    assert pick.params["tile_n"] == SLOW["tile_n"]
 
 
 def test_failed_rows_are_ignored(tmp_path):
