@@ -46,13 +46,7 @@ def parse_sizes(text: str) -> list[int]:
 
 def parse_impl(spec: str):
     """'cupy' or 'cupy:tile_n=128,stages=2' -> (label, backend bound to those params)."""
-    name, _, params = spec.partition(":")
-    kv = {}
-    for item in filter(None, params.split(",")):
-        key, _, value = item.partition("=")
-        kv[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
-    backend = registry.get(name)
-    return spec, (backend.with_params(**kv) if kv else backend)
+    return spec, registry.from_spec(spec)
 
 
 def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -139,6 +133,18 @@ def main(argv=None) -> int:
     print(f"{env['gpu']} sm{env['sm']}: copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write)")
     rows = []
     seed = 0
+    out = Path(args.out) if args.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+
+    def record(row: dict) -> None:
+        # every row reaches the disk at once: a run cut short keeps what it measured
+        rows.append(row)
+        print(row, flush=True)
+        if out:
+            pd.DataFrame(rows).to_csv(out / "attention.csv", index=False)
+        torch.cuda.empty_cache()
+
     for batch in args.batch:
         for ctx in args.ctx:
             for impl in args.impl.split(";"):
@@ -146,23 +152,21 @@ def main(argv=None) -> int:
                     seed += 1
                     layout = "paged" if page else "arena"
                     try:
-                        rows.append(measure_attention(impl, geometry, layout, page, batch, ctx,
-                                                      seed, copy_bw, args.reps))
+                        row = measure_attention(impl, geometry, layout, page, batch, ctx, seed,
+                                                copy_bw, args.reps)
                     except Exception as exc:  # record and go on: one failure must not end the table
-                        rows.append(dict(impl=impl, layout=layout, page=page or 0, batch=batch,
-                                         ctx=ctx, error=repr(exc)[:300]))
-                    print(rows[-1], flush=True)
-                    torch.cuda.empty_cache()
+                        row = dict(impl=impl, layout=layout, page=page or 0, batch=batch, ctx=ctx,
+                                   error=repr(exc)[:300])
+                    record(row)
             if args.baseline == "flashinfer" and geometry.mask == "full":
                 for page in args.page:
                     try:
-                        rows.append(measure_flashinfer(geometry, page, batch, ctx, seed, copy_bw,
-                                                       args.reps))
+                        row = measure_flashinfer(geometry, page, batch, ctx, seed, copy_bw,
+                                                 args.reps)
                     except Exception as exc:
-                        rows.append(dict(impl="flashinfer-fa2", layout="paged", page=page,
-                                         batch=batch, ctx=ctx, error=repr(exc)[:300]))
-                    print(rows[-1], flush=True)
-                    torch.cuda.empty_cache()
+                        row = dict(impl="flashinfer-fa2", layout="paged", page=page, batch=batch,
+                                   ctx=ctx, error=repr(exc)[:300])
+                    record(row)
     df = pd.DataFrame(rows)
     if "median_us" in df:
         arena = df[df.layout == "arena"].set_index(["impl", "batch", "ctx"])["median_us"]
@@ -175,9 +179,7 @@ def main(argv=None) -> int:
             if c in df]
     table = df[cols]
     print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+    if out:
         df.to_csv(out / "attention.csv", index=False)
         (out / "attention.json").write_text(json.dumps(dict(environment=env,
                                                             rows=df.to_dict("records")), indent=1,

@@ -321,6 +321,8 @@ class CupyBackend:
         unknown = set(params) - set(known)
         if unknown:
             raise ValueError(f"unknown {self.name} params {sorted(unknown)}; known: {known}")
+        bools = {f.name for f in dataclasses.fields(self._kernels.Params) if "bool" in str(f.type)}
+        params = {k: bool(v) if k in bools and v in (0, 1) else v for k, v in params.items()}
         merged = {**dict(self.overrides), **params}
         return dataclasses.replace(self, overrides=tuple(sorted(merged.items())))
 

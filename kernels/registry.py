@@ -140,6 +140,33 @@ def get(name: str) -> Backend:
     return backend
 
 
+def _value(text: str):
+    text = text.strip()
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def from_spec(spec: str) -> Backend:
+    """A backend from a spec: a registered name, optionally bound to parameters after a colon,
+    `"cupy"`, `"cupy:tile_n=32,stages=4"`, `"cutlass:wgmma=1"` (integers, true/false, none)."""
+    name, _, params = spec.partition(":")
+    kv = {}
+    for item in filter(None, (part.strip() for part in params.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"backend spec {spec!r}: {item!r} is not key=value")
+        kv[key.strip()] = _value(value)
+    backend = get(name.strip())
+    return backend.with_params(**kv) if kv else backend
+
+
 register("reference", ReferenceBackend)
 register(
     "cupy",

@@ -1,8 +1,11 @@
-"""Compile, in parallel processes, every kernel variant the GPU test matrix will load, so the
-tests themselves do not compile one module after another (CuTe modules take 15-30 s each).
+"""Compile, in parallel processes, every kernel variant a GPU run will load, so the tests and
+tables do not compile one module after another (CuTe modules take 15-30 s each).
 
-    python scripts/precompile_gpu_matrix.py [backend-spec ...]   # default: tests' BACKENDS
+    python scripts/precompile_gpu_matrix.py [SPEC ...]          # the GPU test matrix (default: its BACKENDS)
+    python scripts/precompile_gpu_matrix.py --table "cupy;cutlass" --no-tests
+                                                               # what bench.attention_table loads
 """
+import argparse
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -11,6 +14,8 @@ sys.path.insert(0, os.getcwd())
 
 import torch  # noqa: E402
 
+from kernels import registry  # noqa: E402
+from kernels.presets import MAIN_PRESET, get_preset  # noqa: E402
 from kernels.spec import Problem  # noqa: E402
 from tests import test_backends_gpu as matrix  # noqa: E402
 
@@ -22,34 +27,69 @@ def _compile(job):
     return res.seconds, res.cached
 
 
-def jobs(specs, sm):
+def _job(backend, problem, sm):
+    """The (module, defines, sm) of `problem`'s attention kernel, or None if unsupported."""
+    if backend.supports(problem):
+        return None
+    kern, geom = backend._kernels, problem.geometry
+    d = kern.variant_defines(geom.dtype, geom.head_dim, problem.page_size, geom.block_size,
+                             geom.group, backend.params_for(problem), sm)
+    return kern.__name__, tuple(sorted(d.items())), sm
+
+
+def matrix_jobs(specs, sm):
     out = set()
     for spec in specs:
-        backend = matrix._backend(spec)
+        backend = registry.from_spec(spec)
         kern = backend._kernels
         for case in matrix._cases():
             geom, page, lens, _ = case.values
             for layout, ps in (("paged", page), ("arena", None)):
-                problem = Problem(geom, layout, ps, len(lens), 0)
-                if backend.supports(problem):
-                    continue
-                params = backend.params_for(problem)
-                d = kern.variant_defines(geom.dtype, geom.head_dim, ps, geom.block_size,
-                                         geom.group, params, sm)
-                out.add((kern.__name__, tuple(sorted(d.items())), sm))
+                out.add(_job(backend, Problem(geom, layout, ps, len(lens), 0), sm))
         for dtype in ("bfloat16", "float16"):  # store modules (block 1, group 1, defaults)
             for ps in (*kern.PAGE_SIZES, None):
                 for hd in kern.HEAD_DIMS:
                     d = kern.variant_defines(dtype, hd, ps, 1, 1, kern.Params(), sm)
                     out.add((kern.__name__, tuple(sorted(d.items())), sm))
-    return sorted(out)
+    return out
 
 
-if __name__ == "__main__":
-    props = torch.cuda.get_device_properties(0)
-    sm = props.major * 10 + props.minor
-    todo = jobs(sys.argv[1:] or matrix.BACKENDS, sm)
+def table_jobs(specs, preset, pages, sm):
+    """bench.attention_table's variants: `preset` at each page size and the arena (params do
+    not depend on batch or context beyond the split count, a launch argument)."""
+    geom = get_preset(preset).with_(num_layers=1)
+    out = set()
+    for spec in specs:
+        backend = registry.from_spec(spec)
+        for ps in (*pages, None):
+            out.add(_job(backend, Problem(geom, "paged" if ps else "arena", ps, 1, 0), sm))
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("specs", nargs="*", help="backend specs of the test matrix (default: its BACKENDS)")
+    ap.add_argument("--no-tests", action="store_true", help="leave out the test matrix")
+    ap.add_argument("--table", default="", help="';'-separated specs as bench.attention_table --impl")
+    ap.add_argument("--preset", default=MAIN_PRESET)
+    ap.add_argument("--page", default="16,64,128")
+    ap.add_argument("--sm", type=int, help="target (default: this machine's GPU; no GPU needed if given)")
+    args = ap.parse_args(argv)
+    if args.sm is None:
+        props = torch.cuda.get_device_properties(0)
+        args.sm = props.major * 10 + props.minor
+    sm = args.sm
+    todo = set()
+    if not args.no_tests:
+        todo |= matrix_jobs(args.specs or matrix.BACKENDS, sm)
+    if args.table:
+        todo |= table_jobs(args.table.split(";"), args.preset, [int(p) for p in args.page.split(",")], sm)
+    todo = sorted(j for j in todo if j is not None)
     with ProcessPoolExecutor(os.cpu_count()) as pool:
         results = list(pool.map(_compile, todo))
     print(f"{len(todo)} variants for sm_{sm}: {sum(not c for _, c in results)} compiled, "
           f"{sum(s for s, c in results if not c):.0f} s of compile time")
+
+
+if __name__ == "__main__":
+    main()

@@ -28,10 +28,9 @@ BACKENDS = ["cupy", "cupy:wgmma=0", "cutlass", "cutlass:wgmma=1"]
 
 
 def _backend(spec: str):
-    name, _, params = spec.partition(":")
-    kv = dict(item.split("=") for item in params.split(",") if item)
-    backend = registry.get(name)
-    return backend.with_params(**{k: bool(int(v)) if k == "wgmma" else int(v) for k, v in kv.items()}) if kv else backend
+    return registry.from_spec(spec)
+
+
 PAGE_SIZES = [8, 16, 32, 64, 128, 256]
 N_CASES = 168  # x2 layouts (paged, arena) = 336 random cases per backend
 

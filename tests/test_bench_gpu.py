@@ -159,3 +159,22 @@ def test_benchmark_decode_step(benchmark, arena_row, layout, page):
         overhead_pct=(row["median_us"] / arena_row["median_us"] - 1) * 100 if layout == "paged" else None,
         **{k: row.get(k) for k in METRICS})
     assert row["syncs_debug"] == 0 and row["syncs_profiler"] == 0
+
+
+def test_attention_table_small(tmp_path):
+    """The one-layer table end to end: every row checked against the reference and timed, the
+    CSV written row by row and the markdown at the end; a failing spec is a row, not a crash."""
+    from bench import attention_table
+
+    out = tmp_path / "t"
+    rc = attention_table.main(["--preset", MAIN_PRESET, "--batch", "1", "--ctx", "1k", "--page", "64",
+                               "--impl", "cupy;cupy:tile_n=7", "--baseline", "none", "--reps", "5",
+                               "--out", str(out)])
+    assert rc == 0
+    df = pd.read_csv(out / "attention.csv")
+    ok = df[df.impl == "cupy"]
+    assert sorted(ok.layout) == ["arena", "paged"] and (ok.rel_err < 2e-2).all()
+    assert (ok.median_us > 0).all() and (ok.roofline_frac > 0).all()
+    bad = df[df.impl == "cupy:tile_n=7"]
+    assert len(bad) == 2 and bad.error.str.contains("tile_n").all()
+    assert "cupy:tile_n=7" in (out / "attention.md").read_text()

@@ -71,3 +71,22 @@ def test_register_factories(scratch):
     registry.register("not_a_backend", lambda: object())
     with pytest.raises(registry.BackendUnavailable, match="not a Backend"):
         registry.get("not_a_backend")
+
+
+def test_from_spec_binds_parameters():
+    pytest.importorskip("cupy")
+    plain = registry.from_spec("cupy")
+    assert plain is registry.get("cupy")
+    bound = registry.from_spec("cupy: tile_n=32, stages=4, wgmma=0")
+    assert dict(bound.overrides) == {"tile_n": 32, "stages": 4, "wgmma": False}
+    assert bound.overrides == registry.from_spec("cupy:wgmma=false,stages=4,tile_n=32").overrides
+    assert dict(registry.from_spec("cupy:wgmma=none").overrides) == {"wgmma": None}
+
+
+def test_from_spec_errors():
+    with pytest.raises(ValueError, match="unknown backend 'nope'"):
+        registry.from_spec("nope:tile_n=1")
+    with pytest.raises(ValueError, match="'tile_n' is not key=value"):
+        registry.from_spec("reference:tile_n")
+    with pytest.raises(ValueError, match="no tunable parameters"):
+        registry.from_spec("reference:tile_n=1")
