@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
 # The performance targets of the suite (results/perf-notes.md), on the GPU at hand:
-#   OUT=/some/dir bash scripts/perf_targets.sh [main]
-# main preset table (B 1/8/32 x ctx 2k/8k/32k x pages 16/64/128 + arena + FlashInfer fa2) only
-# with "main" (it is also stage 1 of scripts/gpu_results.sh); always: the sliding preset at 2k vs
-# 32k, and gpt-oss (head_dim 64, Qb 8) and laguna (GQA 9, sliding_causal) at B=32 ctx 8k.
+#   OUT=/some/dir bash scripts/perf_targets.sh [STAGE ...]        (default: presets)
+#   main     the main preset table (B 1/8/32 x ctx 2k/8k/32k x pages 16/64/128 + arena +
+#            FlashInfer fa2; also stage 1 of scripts/gpu_results.sh)
+#   presets  the sliding preset at 2k vs 32k; gpt-oss (head_dim 64, Qb 8) and laguna (GQA 9,
+#            sliding_causal) at B=32 ctx 8k
+#   b1       where batch 1 loses its time: the timing method's fixed cost (an empty graph, cold
+#            and warm L2), then split counts, pipeline depth and loads only (skip_compute) beside
+#            the default and FlashInfer
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 t() { python3 -m bench.attention_table --reps 50 "$@" | grep -v "^{"; }
-[[ ${1:-} == main ]] && t --out "$OUT/main"
-t --preset dflash2-w2048 --batch 1,8,32 --ctx 2k,32k --page 64 --baseline none --out "$OUT/sliding"
-t --preset gpt-oss-20b-dflash --batch 32 --ctx 8k --page 64,128 --out "$OUT/gpt-oss"
-t --preset laguna-dflash --batch 32 --ctx 8k --page 64,128 --baseline none --out "$OUT/laguna"
+for stage in "${@:-presets}"; do
+  case $stage in
+    main) t --out "$OUT/main" ;;
+    presets)
+      t --preset dflash2-w2048 --batch 1,8,32 --ctx 2k,32k --page 64 --baseline none --out "$OUT/sliding"
+      t --preset gpt-oss-20b-dflash --batch 32 --ctx 8k --page 64,128 --out "$OUT/gpt-oss"
+      t --preset laguna-dflash --batch 32 --ctx 8k --page 64,128 --baseline none --out "$OUT/laguna" ;;
+    b1)
+      python3 scripts/diag_timing.py
+      t --batch 1 --ctx 2k,8k,32k --page 64 --out "$OUT/b1" --impl \
+        "cupy;cupy:num_splits=1;cupy:num_splits=4;cupy:num_splits=8;cupy:num_splits=16;cupy:num_splits=32;cupy:num_splits=64;cupy:stages=4;cupy:tile_n=32,stages=6;cupy:skip_compute=1" ;;
+    *) echo "unknown stage $stage (main, presets, b1)" >&2; exit 2 ;;
+  esac
+done
