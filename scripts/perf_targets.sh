@@ -8,6 +8,8 @@
 #   b1       where batch 1 loses its time: the timing method's fixed cost (an empty graph, cold
 #            and warm L2), then split counts, pipeline depth and loads only (skip_compute) beside
 #            the default and FlashInfer
+#   laguna   GQA 9 (144 rows, 9 warps, mma.sync): splits, occupancy, tiles and loads only
+#   page16   page 16 against 64 and the arena: tiles, the mma.sync path and loads only
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 t() { python3 -m bench.attention_table --reps 50 "$@" | grep -v "^{"; }
@@ -22,6 +24,12 @@ for stage in "${@:-presets}"; do
       python3 scripts/diag_timing.py
       t --batch 1 --ctx 2k,8k,32k --page 64 --out "$OUT/b1" --impl \
         "cupy;cupy:num_splits=1;cupy:num_splits=4;cupy:num_splits=8;cupy:num_splits=16;cupy:num_splits=32;cupy:num_splits=64;cupy:stages=4;cupy:tile_n=32,stages=6;cupy:skip_compute=1" ;;
-    *) echo "unknown stage $stage (main, presets, b1)" >&2; exit 2 ;;
+    laguna)
+      t --preset laguna-dflash --batch 32 --ctx 8k --page 64 --baseline none --out "$OUT/laguna-diag" --impl \
+        "cupy;cupy:num_splits=2;cupy:num_splits=4;cupy:min_ctas=2;cupy:tile_n=32,stages=4;cupy:stages=2;cupy:skip_compute=1" ;;
+    page16)
+      t --batch 8,32 --ctx 8k,32k --page 16,64 --baseline none --out "$OUT/page16-diag" --impl \
+        "cupy;cupy:tile_n=32;cupy:tile_n=128,stages=2;cupy:wgmma=0;cupy:skip_compute=1" ;;
+    *) echo "unknown stage $stage (main, presets, b1, laguna, page16)" >&2; exit 2 ;;
   esac
 done
