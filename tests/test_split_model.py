@@ -1,0 +1,68 @@
+"""The host-side launch model of the cupy kernels, CPU only: the split-KV count from the wave
+model (kernels.cupy_backend.choose_splits) and CTAs per SM from a module's resources."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("cupy")
+
+from kernels.cupy_backend import _Module, choose_splits  # noqa: E402
+
+H200_SMS = 132
+
+
+def _waves(batch, hkv, splits, resident):
+    return math.ceil(batch * hkv * splits / (H200_SMS * resident))
+
+
+def test_batch_one_fills_one_wave():
+    # 8 KV heads: 16 splits make 128 CTAs, one wave of 132 slots; 17 would spill into a second
+    for ctx in (2048, 8192, 32768):
+        s = choose_splits(1, 8, ctx + 16, 64, H200_SMS, resident=1)
+        assert s == 16 and _waves(1, 8, s, 1) == 1
+    # two CTAs per SM: twice the slots, twice the splits
+    assert choose_splits(1, 8, 8192 + 16, 64, H200_SMS, resident=2) == 33
+
+
+def test_a_full_gpu_is_not_split():
+    # 32 x 8 = 256 CTAs already fill two waves: splitting adds waves and per-CTA cost
+    assert choose_splits(32, 8, 8192 + 16, 64, H200_SMS, resident=1) == 1
+    assert choose_splits(64, 8, 32768, 64, H200_SMS, resident=2) == 1
+
+
+def test_every_split_keeps_two_tiles_and_the_cap():
+    # 3 tiles of context: at most one split (each split must stream at least two tiles)
+    assert choose_splits(1, 1, 150, 64, H200_SMS, resident=1) == 1
+    assert choose_splits(1, 1, 64 * 40, 64, H200_SMS, resident=1) == 20
+    assert choose_splits(1, 1, 1 << 20, 64, H200_SMS, resident=4, max_splits=48) == 48
+    for batch in (1, 2, 3, 8, 17, 32):
+        for kv in (100, 2048, 8192, 65536):
+            s = choose_splits(batch, 8, kv, 64, H200_SMS, resident=2)
+            assert 1 <= s <= max(1, -(-kv // 64) // 2) and s <= 64
+
+
+def test_more_splits_only_when_they_shorten_the_step():
+    # the chosen count is never beaten by another count under the model's own cost
+    def cost(batch, s, tiles, resident):
+        return _waves(batch, 8, s, resident) * (tiles / s + 2)
+
+    for batch in (1, 2, 4, 8, 12, 16):
+        for resident in (1, 2, 3):
+            s = choose_splits(batch, 8, 8192, 64, H200_SMS, resident)
+            assert all(cost(batch, s, 128, resident) <= cost(batch, t, 128, resident) + 1e-9
+                       for t in range(1, 65))
+
+
+@pytest.mark.parametrize("smem, regs, threads, resident", [
+    (104 * 1024, 128, 128, 2),   # smem: 2 x (104 + 1) KB fit in 228 KB, 3 do not
+    (48 * 1024, 255, 128, 2),    # registers: 256 per thread x 128 threads = 32k regs per CTA
+    (16 * 1024, 64, 128, 8),     # 64 regs: 8 CTAs by registers, 13 by smem
+    (143 * 1024, 168, 288, 1),   # laguna's 9 warps with Q in smem: one CTA per SM
+    (1024, 16, 32, 32),          # tiny CTAs: capped at 32 per SM
+])
+def test_resident_ctas(smem, regs, threads, resident):
+    mod = _Module(attention=None, combine=None, store=None, smem=smem, regs=regs, threads=threads)
+    assert mod.resident_ctas() == resident
