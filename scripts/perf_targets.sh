@@ -9,7 +9,8 @@
 #            and warm L2), then split counts, pipeline depth and loads only (skip_compute) beside
 #            the default and FlashInfer
 #   laguna   GQA 9 (144 rows, 9 warps, mma.sync): splits, occupancy, tiles and loads only
-#   page16   page 16 against 64 and the arena: tiles, the mma.sync path and loads only
+#   page16   page 16 against 64 and the arena: DRAM gathers of 4 KB page slices
+#            (scripts/diag_gather.py), then tiles, the mma.sync path and loads only
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 t() { python3 -m bench.attention_table --reps 50 "$@" | grep -v "^{"; }
@@ -28,6 +29,7 @@ for stage in "${@:-presets}"; do
       t --preset laguna-dflash --batch 32 --ctx 8k --page 64 --baseline none --out "$OUT/laguna-diag" --impl \
         "cupy;cupy:num_splits=2;cupy:num_splits=4;cupy:min_ctas=2;cupy:tile_n=32,stages=4;cupy:stages=2;cupy:skip_compute=1" ;;
     page16)
+      python3 scripts/diag_gather.py
       t --batch 8,32 --ctx 8k,32k --page 16,64 --baseline none --out "$OUT/page16-diag" --impl \
         "cupy;cupy:tile_n=32;cupy:tile_n=128,stages=2;cupy:wgmma=0;cupy:skip_compute=1" ;;
     *) echo "unknown stage $stage (main, presets, b1, laguna, page16)" >&2; exit 2 ;;
