@@ -32,7 +32,8 @@ def load(db_path, sm: int | None = None, preset: str | None = None) -> pd.DataFr
     except SchemaError as exc:
         raise BenchError(f"bench report: {exc}") from None
     try:
-        sql = ("SELECT r.*, r.rowid AS row_order, e.gpu_name, e.sm FROM results r JOIN environments e ON r.env_id = e.env_id "
+        sql = ("SELECT r.*, r.rowid AS row_order, e.gpu_name, e.sm "
+               "FROM results r JOIN environments e ON r.env_id = e.env_id "
                "WHERE r.status = 'ok' AND (r.median_us IS NOT NULL OR "
                f"(r.impl = '{BASELINE_IMPL}' AND r.attention_median_us IS NOT NULL))")
         args: list = []
@@ -48,7 +49,8 @@ def load(db_path, sm: int | None = None, preset: str | None = None) -> pd.DataFr
         raise BenchError(f"bench report: no measured (ok) results{where} in {db_path}; run "
                          f"`bench decode` on a GPU{where and f' of SM {sm}'} first")
     # newest last; rows stamped in the same millisecond keep their insert order
-    df = df.sort_values(["created_at", "row_order"]).drop_duplicates(["env_id", "candidate_key"], keep="last")
+    df = df.sort_values(["created_at", "row_order"]).drop_duplicates(["env_id", "candidate_key"],
+                                                                     keep="last")
     df["window"] = df["window"].astype("Int64")
     df["step"] = [f"context {a:g}" if pd.notna(a) and a > b else "decode"
                   for a, b in zip(df["accepted"], df["block_size"])]
@@ -132,7 +134,8 @@ def plot_group(g: pd.DataFrame, path: Path, title: str) -> None:
             ax = axes[i][j]
             panel = g[(g["step"] == step) & (g["batch"] == batch)].copy()
             panel["series"] = [_series(r) for _, r in panel.iterrows()]
-            panel = panel.sort_values(["created_at", "row_order"]).drop_duplicates(["series", "ctx_len", "accepted"], keep="last")
+            panel = panel.sort_values(["created_at", "row_order"]).drop_duplicates(
+                ["series", "ctx_len", "accepted"], keep="last")
             for label, s in panel.groupby("series"):
                 s = s.sort_values("ctx_len")
                 r0 = s.iloc[0]
