@@ -32,7 +32,7 @@ def load(db_path, sm: int | None = None, preset: str | None = None) -> pd.DataFr
     except SchemaError as exc:
         raise BenchError(f"bench report: {exc}") from None
     try:
-        sql = ("SELECT r.*, r.rowid AS row_order, e.gpu_name, e.sm "
+        sql = ("SELECT r.*, r.id AS row_order, e.gpu_name, e.sm "
                "FROM results r JOIN environments e ON r.env_id = e.env_id "
                "WHERE r.status = 'ok' AND (r.median_us IS NOT NULL OR "
                f"(r.impl = '{BASELINE_IMPL}' AND r.attention_median_us IS NOT NULL))")

@@ -91,7 +91,7 @@ SELECT e.sm, e.gpu_name, e.driver, e.cuda, e.sources_hash, r.env_id, r.preset,
        r.layout, r.page_size, r.batch, r.ctx_len, r.num_layers, r.impl, r.params, r.provenance,
        r.median_us, r.attention_median_us, r.store_median_us, r.syncs_debug, r.syncs_profiler,
        r.syncs_nsys, r.graph_capturable, r.kv_bytes, r.workspace_bytes, r.sweep_id, r.created_at,
-       r.rowid AS row_order
+       r.id AS row_order
 FROM results r JOIN environments e USING (env_id)
 WHERE r.status = 'ok' AND r.median_us IS NOT NULL AND r.median_us > 0
 """
@@ -138,7 +138,7 @@ def _canonical(value) -> str:
 
 def _age(row: dict) -> tuple:
     # Timestamps have millisecond resolution, so two rows of one sweep can tie: the later
-    # insert (higher rowid) breaks the tie.
+    # insert (higher id) breaks the tie.
     return (row.get("created_at") or "", row.get("row_order") or 0)
 
 
