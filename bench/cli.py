@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "captured in a CUDA graph; paged (each --page) against arena, FlashInfer beside when "
                     f"installed. Default: {MAIN_PRESET} at pages 64 and 128 against arena.")
     _measure_options(d, DECODE_DEFAULTS)
-    d.add_argument("--accepted", type=_non_negative_float, default=None, metavar="A",
+    d.add_argument("--accepted", type=opt.non_negative_float, default=None, metavar="A",
                    help="mean accepted tokens per request: a step stores A + 1 rows (default: all Qb rows)")
     d.add_argument("--baseline", choices=("auto", "flashinfer", "none"), default="auto",
                    help="FlashInfer fa2 beside (attention only, one layer x layers); auto: when installed "
@@ -123,16 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--preset", default=None, metavar="NAME", help="only this preset")
     r.add_argument("--out", default=None, metavar="DIR", help="default: results/report-<YYYY-MM-DD>/")
     return ap
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}")
-    return value
 
 
 # ---------------------------------------------------------------------------------------------

@@ -79,14 +79,28 @@ def chunks(text: str) -> list[int]:
     return sizes(text, what="chunk sizes (tokens)")
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+def _number(cast, ok, kind: str):
+    """An argparse type: `cast` the text, then require `ok(value)`; errors name the `kind`."""
+    noun = "number" if cast is float else "integer"
+    unparsable = "expected a number" if cast is float else f"expected a {kind} integer"
+
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{unparsable}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected a {kind} {noun}, got {text!r}")
+        return value
+
+    parse.__name__ = f"{kind.replace('-', '_')}_{cast.__name__}"
+    return parse
+
+
+positive_float = _number(float, lambda v: 0 < v < float("inf"), "positive")
+non_negative_float = _number(float, lambda v: 0 <= v < float("inf"), "non-negative")
+positive_int = _number(int, lambda v: v > 0, "positive")
+non_negative_int = _number(int, lambda v: v >= 0, "non-negative")
 
 
 def heads(text: str) -> tuple[int, int]:
@@ -112,26 +126,6 @@ def sm(text: str) -> int:
     value = int(m.group(1)) * 10 + int(m.group(2)) if "." in t else int(m.group(1))
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive SM number, got {text!r}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
     return value
 
 

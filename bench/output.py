@@ -151,6 +151,16 @@ def ctx_axis(ax, ctxs) -> None:
     ax.grid(True, alpha=0.3)
 
 
+def save_figure(fig, path: Path, title: str) -> None:
+    """The plots' common ending: a title, a tight layout, the PNG, the figure freed."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot(rows: list[dict], path: Path, title: str) -> bool:
     """Per step kind, two rows of panels (one panel per batch): median step latency (p10-p90
     bars) against context, one line per series (arena solid black, pages coloured, the baseline
@@ -198,8 +208,5 @@ def plot(rows: list[dict], path: Path, title: str) -> bool:
             ax_over.set_ylabel("paged over arena (%)")
             ax_over.set_title(f"{name}, batch {batch}: paged overhead", fontsize=10)
             ax_over.legend(fontsize=7)
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, title)
     return True

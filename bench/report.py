@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.options import BenchError
-from bench.output import ctx_axis
+from bench.output import ctx_axis, save_figure
 
 GEOM_COLS = ["num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window", "num_layers", "dtype"]
 BASELINE_IMPL = "flashinfer-fa2"
@@ -156,10 +156,7 @@ def plot_group(g: pd.DataFrame, path: Path, title: str) -> None:
             ax.set_ylabel("latency, median (us)")
             ax.set_title(f"{step}, batch {batch}", fontsize=10)
             ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, title)
 
 
 def _cell(x) -> str:

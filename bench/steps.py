@@ -13,11 +13,9 @@ decode step's.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
-from tuner.measure import failure
+from tuner.measure import measure_step
 from tuner.step import DecodeStep
 
 
@@ -42,38 +40,6 @@ class ContextStep(DecodeStep):
 def measure_context(wire: dict, chunk: int, *, reps: int = 0) -> dict:
     """Measure the context step of `wire` (Candidate.to_wire()) on the current GPU -> result
     columns, as tuner.measure.measure_candidate does for a decode step. Never raises."""
-    from kernels import registry
-    from tuner import memory, syncs
-    from tuner.measure import time_step
-    from tuner.spec import Candidate
-
-    t0 = time.perf_counter()
-    row: dict = {}
-    step = None
-    try:
-        c = Candidate.from_wire(wire)
-        backend = registry.get(c.impl)
-        reason = backend.with_params(**c.params_dict).supports(c.problem)
-        if reason:
-            return dict(status="unsupported", reason=reason, elapsed_s=time.perf_counter() - t0)
-        step = ContextStep(c.problem, backend, c.params_dict, chunk=chunk)
-        row["rel_err"] = step.check()
-        row.update(time_step(step, reps))
-        row.update(memory.measure_step_memory(step.run, step.kv_bytes).as_dict())
-        report = syncs.detect_syncs(step.run, graph=False)  # captured above by time_step
-        report.notes[:] = [n for n in report.notes if not n.startswith("nsys layer")]
-        report.notes.append("nsys layer: not run for context steps")
-        row.update(report.as_row(), graph_capturable=True)
-        row.update(status="ok", reason=None)
-    except Exception as exc:
-        row.update(zip(("status", "reason"), failure(exc)))
-    finally:
-        step = None  # noqa: F841 (frees the step's caches before empty_cache)
-        try:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()  # the next row's sizes differ: start from a clean pool
-        except Exception as exc:  # a fault inside the step: the CUDA context is gone
-            if row.get("status") == "ok":
-                row.update(status="failed_runtime", reason=f"{type(exc).__name__}: {exc}")
-    row["elapsed_s"] = time.perf_counter() - t0
-    return row
+    return measure_step(wire, lambda c, backend: ContextStep(c.problem, backend, c.params_dict,
+                                                             chunk=chunk),
+                        reps=reps, nsys_note="nsys layer: not run for context steps")

@@ -592,30 +592,15 @@ class Runtime:
     # -- the contract ----------------------------------------------------------------------
     def paged_attention(self, q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
                         mask="full", window=None, scale=None):
-        try:
-            key = ("paged", q.device, q.dtype, q.shape, k_blk.shape[2], k_pages.shape[2],
-                   block_table.shape[1], mask, window)
-        except Exception:
-            key = None
-        b = self._bound.get(key) if key is not None else None
-        if b is None:
-            b = self._bind_attention(key, "paged", (q, k_blk, v_blk, k_pages, v_pages, block_table,
-                                                    ctx_lens), mask, window, scale)
-        return b.backend.paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens,
-                                         mask=mask, window=window, scale=scale)
+        args = (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens)
+        b = self._attention_binding("paged", args, mask, window, scale)
+        return b.backend.paged_attention(*args, mask=mask, window=window, scale=scale)
 
     def arena_attention(self, q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *,
                         mask="full", window=None, scale=None):
-        try:
-            key = ("arena", q.device, q.dtype, q.shape, k_blk.shape[2], k_arena.shape[1], mask, window)
-        except Exception:
-            key = None
-        b = self._bound.get(key) if key is not None else None
-        if b is None:
-            b = self._bind_attention(key, "arena", (q, k_blk, v_blk, k_arena, v_arena, slots,
-                                                    ctx_lens), mask, window, scale)
-        return b.backend.arena_attention(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens,
-                                         mask=mask, window=window, scale=scale)
+        args = (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens)
+        b = self._attention_binding("arena", args, mask, window, scale)
+        return b.backend.arena_attention(*args, mask=mask, window=window, scale=scale)
 
     def store_paged(self, k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens) -> None:
         b = self._store_binding("paged", k_new, k_pages, block_table,
@@ -674,6 +659,19 @@ class Runtime:
             pick = _pick("reference", {}, "default", f"{pick.reason}; but the tensors are on "
                          f"{device.type}: the torch reference runs them", pick.source)
         return pick
+
+    def _attention_binding(self, layout, args, mask, window, scale) -> _Bound:
+        """The bound pick for these shapes: a dict lookup after the first call. The key holds
+        shapes only (the cache's capacity, never its contents); bad arguments get no key and
+        reach the backend's own checks."""
+        q, k_blk, _, k_cache, _, table, _ = args
+        try:
+            capacity = (k_cache.shape[2], table.shape[1]) if layout == "paged" else (k_cache.shape[1],)
+            key = (layout, q.device, q.dtype, q.shape, k_blk.shape[2], *capacity, mask, window)
+        except Exception:
+            key = None
+        b = self._bound.get(key) if key is not None else None
+        return b if b is not None else self._bind_attention(key, layout, args, mask, window, scale)
 
     def _bind_attention(self, key, layout, args, mask, window, scale) -> _Bound:
         from kernels import contract

@@ -58,3 +58,7 @@ def test_unsupported_candidates_are_recorded_not_run():
     row = measure.measure_candidate(c.to_wire())
     assert row["status"] == "unsupported" and "head_dim 96" in row["reason"]
     assert row["elapsed_s"] >= 0
+    from bench.steps import measure_context  # the context step goes through the same path
+
+    row = measure_context(c.to_wire(), chunk=64)
+    assert row["status"] == "unsupported" and "head_dim 96" in row["reason"]

@@ -85,34 +85,49 @@ def failure(exc: BaseException) -> tuple[str, str]:
 
 def measure_candidate(wire: dict, *, reps: int = 0, nsys: bool = False) -> dict:
     """Measure `wire` (Candidate.to_wire()) on cuda:0 -> result columns. Never raises."""
+    from tuner.step import DecodeStep
+
+    return measure_step(wire, lambda c, backend: DecodeStep(c.problem, backend, c.params_dict,
+                                                            accepted=c.accepted),
+                        reps=reps, nsys=nsys)
+
+
+def measure_step(wire: dict, make_step, *, reps: int = 0, nsys: bool = False,
+                 nsys_note: str | None = None) -> dict:
+    """The measurement of one step of `wire`, built by `make_step(candidate, backend)` (a
+    DecodeStep or a subclass): supports() first, then check, latency, memory and syncs (with
+    Nsight Systems when `nsys`; `nsys_note` replaces its layer's note where it is not run).
+    Never raises: a failure becomes a status with its reason."""
     import torch
 
     from kernels import registry
     from tuner import memory, syncs
     from tuner.spec import Candidate
-    from tuner.step import DecodeStep
 
     t0 = time.perf_counter()
     row: dict = {}
+    step = None
     try:
         c = Candidate.from_wire(wire)
         backend = registry.get(c.impl)
         reason = backend.with_params(**c.params_dict).supports(c.problem)
         if reason:
             return dict(status="unsupported", reason=reason, elapsed_s=time.perf_counter() - t0)
-        step = DecodeStep(c.problem, backend, c.params_dict, accepted=c.accepted)
+        step = make_step(c, backend)
         row["rel_err"] = step.check()
         row.update(time_step(step, reps))
-        mem = memory.measure_step_memory(step.run, step.kv_bytes)
-        row.update(mem.as_dict())
+        row.update(memory.measure_step_memory(step.run, step.kv_bytes).as_dict())
         # The step was captured above, so the capture layer is known to pass.
         report = syncs.detect_syncs(step.run, graph=False, nsys_candidate=wire if nsys else None)
+        if nsys_note:
+            report.notes[:] = [n for n in report.notes if not n.startswith("nsys layer")]
+            report.notes.append(nsys_note)
         row.update(report.as_row(), graph_capturable=True)
         row.update(status="ok", reason=None)
     except Exception as exc:
-        status, reason = failure(exc)
-        row.update(status=status, reason=reason)
+        row.update(zip(("status", "reason"), failure(exc)))
     finally:
+        step = None  # noqa: F841 (frees the step's caches before empty_cache)
         try:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()  # the next candidate's sizes differ: start from a clean pool
