@@ -1,7 +1,7 @@
 """One drafter layer's attention, paged (several page sizes) against arena against FlashInfer fa2,
 over batches and context lengths, with the copy roofline measured in the same run.
 
-    python -m bench.attention_table --preset qwen3-8b-dflash-b16 --batch 1,8,32 --ctx 2k,8k,32k \
+    python -m drafter_attn.bench.attention_table --preset qwen3-8b-dflash-b16 --batch 1,8,32 --ctx 2k,8k,32k \
         --page 16,64,128 --impl cupy --baseline flashinfer --out results/sm90-attention
 
 Every kernel is first checked against the torch reference on the same random inputs (output
@@ -22,11 +22,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from kernels import reference, registry
-from kernels.cache import random_arena_context, random_paged_context
-from kernels.presets import MAIN_PRESET, get_preset
-from tuner import roofline
-from tuner.timing import time_step
+from drafter_attn.kernels import reference, registry
+from drafter_attn.kernels.cache import random_arena_context, random_paged_context
+from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
+from drafter_attn.tuner import roofline
+from drafter_attn.tuner.timing import time_step
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -88,7 +88,7 @@ def measure_attention(impl_name: str, geometry, layout: str, page: int | None, b
 
 def measure_flashinfer(geometry, page: int, batch: int, ctx: int, seed: int, copy_bw: float,
                        reps: int) -> dict:
-    from kernels.baselines import FlashInferPaged
+    from drafter_attn.kernels.baselines import FlashInferPaged
 
     base = FlashInferPaged(geometry, page, [ctx] * batch, "cuda",
                            torch.Generator().manual_seed(seed))
@@ -187,7 +187,7 @@ def main(argv=None) -> int:
         (out / "attention.md").write_text(
             f"# {args.preset} attention, {env['gpu']} (sm{env['sm']}), {env['date']}\n\n"
             f"copy bandwidth {copy_bw / 1e9:.0f} GB/s, commit {env['commit']}\n\n"
-            f"`python -m bench.attention_table {' '.join(argv or os.sys.argv[1:])}`\n\n"
+            f"`python -m drafter_attn.bench.attention_table {' '.join(argv or os.sys.argv[1:])}`\n\n"
             + table.to_markdown(index=False, floatfmt=".4g") + "\n")
     return 0
 

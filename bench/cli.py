@@ -19,8 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-from bench import options as opt
-from bench.options import BenchError
+from drafter_attn.bench import options as opt
+from drafter_attn.bench.options import BenchError
 
 DECODE_DEFAULTS = dict(page="64,128", batch="1,8,32", ctx="2k,8k,32k")
 PREFILL_DEFAULTS = dict(page="64,128", batch="1,8", ctx="0,8k", chunk="2k")
@@ -68,7 +68,7 @@ def _measure_options(p: argparse.ArgumentParser, defaults: dict) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kernels.presets import MAIN_PRESET
+    from drafter_attn.kernels.presets import MAIN_PRESET
 
     ap = argparse.ArgumentParser(prog="bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", metavar="{decode,prefill,memory,report}")
@@ -134,8 +134,8 @@ def cmd_measure(args, argv) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from bench import decode, gpu as gpu_mod, output
-    from tuner.db import ProfileDB, SchemaError
+    from drafter_attn.bench import decode, gpu as gpu_mod, output
+    from drafter_attn.tuner.db import ProfileDB, SchemaError
 
     command = f"bench {args.command}"
     geometry, label = opt.geometry_from_args(args)
@@ -209,7 +209,7 @@ def cmd_memory(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from bench import memory as kvmem
+    from drafter_attn.bench import memory as kvmem
 
     geometry, label = opt.geometry_from_args(args)
     ctxs = args.ctx if args.ctx is not None else kvmem.default_contexts(geometry, args.max_ctx)
@@ -255,8 +255,8 @@ def cmd_memory(args) -> int:
 def cmd_report(args) -> int:
     import datetime as dt
 
-    from bench import report
-    from tuner.db import default_path
+    from drafter_attn.bench import report
+    from drafter_attn.tuner.db import default_path
 
     db_path = Path(args.db) if args.db else default_path()
     df = report.load(db_path, sm=args.sm, preset=args.preset)

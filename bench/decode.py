@@ -17,7 +17,6 @@ the KV memory model of the configured concurrency and max context.
 from __future__ import annotations
 
 import datetime as dt
-import importlib
 import json
 import os
 import platform
@@ -28,8 +27,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench import memory as kvmem
-from bench.options import BenchError
+from drafter_attn.bench import memory as kvmem
+from drafter_attn.bench.options import BenchError
 
 DECODE, CONTEXT = "decode", "context"
 BASELINE_IMPL = "flashinfer-fa2"
@@ -103,7 +102,7 @@ def rows_stored_for(accepted: float | None, block_size: int) -> float | None:
 def baseline_wanted(option: str, geometry) -> tuple[bool, str | None]:
     """(run FlashInfer?, note). 'auto': when installed and the mask is full; 'flashinfer': must
     be possible (BenchError otherwise); 'none': never."""
-    from kernels.baselines import flashinfer_available
+    from drafter_attn.kernels.baselines import flashinfer_available
 
     if option == "none":
         return False, None
@@ -124,7 +123,7 @@ def baseline_wanted(option: str, geometry) -> tuple[bool, str | None]:
 
 
 def check_impls(impls: list[str]) -> list[str]:
-    from kernels import registry
+    from drafter_attn.kernels import registry
 
     known = registry.names()
     for name in impls:
@@ -175,38 +174,27 @@ class ImplPick:
 
 
 def load_dispatcher(table=None):
-    """(kernels.dispatch.Dispatcher or None, why not / what it reads). The table is
-    $DRAFTER_TUNED_TABLE when set, else `table` (bench passes its profile database); one that
-    is missing or unusable gives the dispatcher's default heuristic."""
-    try:
-        dispatch = importlib.import_module("kernels.dispatch")
-    except ModuleNotFoundError as exc:
-        if exc.name != "kernels.dispatch":
-            raise
-        return None, "kernels.dispatch does not exist yet"
-    cls = getattr(dispatch, "Dispatcher", None)
-    if cls is None:
-        return None, "kernels.dispatch has no Dispatcher"
+    """(kernels.dispatch.Dispatcher, what it reads). The table is $DRAFTER_TUNED_TABLE when set,
+    else `table` (bench passes its profile database); one that is missing or unusable gives the
+    dispatcher's default heuristic."""
+    from drafter_attn.kernels.dispatch import Dispatcher
+
     source = os.environ.get("DRAFTER_TUNED_TABLE") or table
     if source is None or not Path(source).exists():
-        return cls(), "kernels.dispatch, default heuristic" + (f" ({source} does not exist)" if source else "")
+        return Dispatcher(), "kernels.dispatch, default heuristic" + (f" ({source} does not exist)" if source else "")
     try:
-        return cls.load(source), f"kernels.dispatch over {source}"
+        return Dispatcher.load(source), f"kernels.dispatch over {source}"
     except Exception as exc:  # TableError: unreadable, foreign, another schema
-        return cls(), f"kernels.dispatch, default heuristic ({source} unusable: {exc})"
+        return Dispatcher(), f"kernels.dispatch, default heuristic ({source} unusable: {exc})"
 
 
 def resolve_impl(option: str, problem, *, dispatcher=None, dispatcher_note: str = "", sm: int | None = None) -> ImplPick:
     """What runs `problem` for --impl `option`: a registry name as given, or for `auto` the
-    pick of kernels.dispatch (`dispatcher`, on SM `sm`), falling back to cupy without one."""
-    from kernels import registry
+    pick of `dispatcher` (a kernels.dispatch.Dispatcher) on SM `sm`; cupy if the pick fails."""
+    from drafter_attn.kernels import registry
 
     if option != "auto":
         impl, params, note, summary = option, {}, f"--impl {option}", f"--impl {option}"
-    elif dispatcher is None:
-        why = dispatcher_note or "kernels.dispatch does not exist yet"
-        impl, params = FALLBACK_IMPL, {}
-        note = summary = f"auto: {why}; fell back to {FALLBACK_IMPL}"
     else:
         try:
             pick = dispatcher.pick(problem, sm)
@@ -234,10 +222,10 @@ def measure_flashinfer(geometry, page: int, batch: int, ctx: int, *, reps: int =
 
     import torch
 
-    from tuner.measure import failure
-    from kernels.baselines import FlashInferPaged
-    from tuner import roofline, syncs, timing
-    from tuner.measure import choose_reps, roofline_row
+    from drafter_attn.tuner.measure import failure
+    from drafter_attn.kernels.baselines import FlashInferPaged
+    from drafter_attn.tuner import roofline, syncs, timing
+    from drafter_attn.tuner.measure import choose_reps, roofline_row
 
     t0 = time.perf_counter()
     g1 = geometry.with_(num_layers=1)
@@ -279,8 +267,8 @@ def measure_flashinfer(geometry, page: int, batch: int, ctx: int, *, reps: int =
 
 
 def default_measures():
-    from bench.steps import measure_context
-    from tuner.measure import measure_candidate
+    from drafter_attn.bench.steps import measure_context
+    from drafter_attn.tuner.measure import measure_candidate
 
     return measure_candidate, measure_context, measure_flashinfer
 
@@ -296,9 +284,9 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
             echo=print, sweep_id: str | None = None) -> list[dict]:
     """Measure every job of `p` (and the baseline), recording each result in `db` the moment it
     exists; returns the output rows (database columns plus step, label, impl_note, syncs)."""
-    from kernels.spec import Problem
-    from tuner.spec import Candidate
-    from tuner.sweep import result_row
+    from drafter_attn.kernels.spec import Problem
+    from drafter_attn.tuner.spec import Candidate
+    from drafter_attn.tuner.sweep import result_row
 
     if measure is None or measure_context is None or measure_baseline is None:
         d_measure, d_context, d_base = default_measures()
@@ -456,7 +444,7 @@ def command_line(argv: list[str] | None) -> str:
 
 def gpu_environment(gpu) -> dict:
     """The profile database's environment fingerprint of the GPU measured on."""
-    from tuner.env import fingerprint
+    from drafter_attn.tuner.env import fingerprint
 
     return fingerprint(gpu.index)
 
@@ -471,7 +459,7 @@ def run_metadata(env: dict, argv) -> dict:
         import torch
 
         if torch.cuda.is_available():
-            from tuner import roofline
+            from drafter_attn.tuner import roofline
 
             meta["copy_bandwidth_gbs"] = roofline.copy_bandwidth() / 1e9
     except Exception:

@@ -3,11 +3,10 @@ measures anything (a CUDA GPU exists; `--sm` names the SM of one of them)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass
 
-from bench.options import BenchError
+from drafter_attn.bench.options import BenchError
 
 # Only for messages: what a user might have meant by an SM number.
 SM_NAMES = {
@@ -54,13 +53,6 @@ def _sm_text(sm: int) -> str:
     return f"SM {sm} ({name})" if name else f"SM {sm}"
 
 
-def _tuner_show_exists() -> bool:
-    try:
-        return importlib.util.find_spec("tuner.cli") is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def no_gpu_message(command: str) -> str:
     import torch
 
@@ -77,8 +69,7 @@ def no_gpu_message(command: str) -> str:
         "  bench memory --preset NAME --max-ctx 1M --concurrency 16   (arena against paged KV footprint)",
         "  bench report [--sm N]                                      (plots and summary of recorded results)",
     ]
-    if _tuner_show_exists():
-        lines.append("  tuner show --sm N                                          (recorded profiles)")
+    lines.append("  tuner show --sm N                                          (recorded profiles)")
     return "\n".join(lines)
 
 
@@ -94,8 +85,7 @@ def mismatch_message(command: str, requested: int, gpus: list[GpuInfo]) -> str:
         f"  - run the same command on a machine with an {_sm_text(requested)} GPU",
         f"  - see what is recorded for SM {requested}: bench report --sm {requested}",
     ]
-    if _tuner_show_exists():
-        lines.append(f"    or tuner show --sm {requested}")
+    lines.append(f"    or tuner show --sm {requested}")
     return "\n".join(lines)
 
 

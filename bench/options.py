@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from bench.attention_table import parse_sizes
+from drafter_attn.bench.attention_table import parse_sizes
 
 
 class BenchError(Exception):
@@ -136,8 +136,8 @@ GEOMETRY_OPTIONS = ("heads", "head_dim", "block", "mask", "window", "layers", "d
 
 
 def add_geometry_options(parser: argparse.ArgumentParser) -> None:
-    from kernels.presets import MAIN_PRESET, PRESETS
-    from kernels.spec import DTYPES, MASKS
+    from drafter_attn.kernels.presets import MAIN_PRESET, PRESETS
+    from drafter_attn.kernels.spec import DTYPES, MASKS
 
     g = parser.add_argument_group(
         "geometry", f"a preset (default {MAIN_PRESET}); each explicit option overrides that field")
@@ -155,7 +155,7 @@ def add_geometry_options(parser: argparse.ArgumentParser) -> None:
 def geometry_from_args(args) -> tuple[object, str]:
     """(Geometry, label): the preset's name when no field was overridden, else 'custom' plus the
     fields. Raises BenchError naming the bad field."""
-    from kernels.presets import MAIN_PRESET, get_preset
+    from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
 
     base_name = args.preset or MAIN_PRESET
     base = get_preset(base_name)

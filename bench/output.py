@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.memory import fmt_bytes
+from drafter_attn.bench.memory import fmt_bytes
 
 # CSV column order (anything else a row carries follows).
 COLUMNS = (

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.options import BenchError
-from bench.output import ctx_axis, save_figure
+from drafter_attn.bench.options import BenchError
+from drafter_attn.bench.output import ctx_axis, save_figure
 
 GEOM_COLS = ["num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window", "num_layers", "dtype"]
 BASELINE_IMPL = "flashinfer-fa2"
 
 
 def load(db_path, sm: int | None = None, preset: str | None = None) -> pd.DataFrame:
-    from tuner.db import ProfileDB, SchemaError
+    from drafter_attn.tuner.db import ProfileDB, SchemaError
 
     try:
         db = ProfileDB(db_path, create=False)
@@ -88,8 +88,8 @@ def _attach_baseline(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _geometry_label(row) -> str:
-    from bench.options import describe
-    from kernels.spec import Geometry
+    from drafter_attn.bench.options import describe
+    from drafter_attn.kernels.spec import Geometry
 
     g = Geometry(int(row["num_q_heads"]), int(row["num_kv_heads"]), int(row["head_dim"]),
                  int(row["block_size"]), row["mask"], None if pd.isna(row["window"]) else int(row["window"]),

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from tuner.measure import measure_step
-from tuner.step import DecodeStep
+from drafter_attn.tuner.measure import measure_step
+from drafter_attn.tuner.step import DecodeStep
 
 
 class ContextStep(DecodeStep):

@@ -28,8 +28,8 @@ import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from kernels.presets import get_preset
-from kernels.spec import Geometry, is_power_of_two
+from drafter_attn.kernels.presets import get_preset
+from drafter_attn.kernels.spec import Geometry, is_power_of_two
 
 SERVING = ("agg", "disagg")
 DEFAULT_PAGES = (16, 32, 64, 128)

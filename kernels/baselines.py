@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from kernels.spec import Geometry
+from drafter_attn.kernels.spec import Geometry
 
 
 def flashinfer_available() -> bool:

@@ -12,7 +12,7 @@ from collections import Counter
 
 import torch
 
-from kernels.spec import Geometry, check_positive_int, is_power_of_two
+from drafter_attn.kernels.spec import Geometry, check_positive_int, is_power_of_two
 
 
 class PoolExhausted(RuntimeError):

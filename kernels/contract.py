@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.spec import REFERENCE_DTYPES, is_power_of_two, resolve_window
+from drafter_attn.kernels.spec import REFERENCE_DTYPES, is_power_of_two, resolve_window
 
 _FLOAT_DTYPES = tuple(getattr(torch, name) for name in REFERENCE_DTYPES)
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kernels import contract
-from kernels.nvrtc import compile_cubin, arch_for_sm
-from kernels.spec import Geometry, Problem
+from drafter_attn.kernels import contract
+from drafter_attn.kernels.nvrtc import compile_cubin, arch_for_sm
+from drafter_attn.kernels.spec import Geometry, Problem
 
 SOURCE = "drafter_attention.cu"
 HEAD_DIMS = (64, 128)

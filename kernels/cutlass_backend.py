@@ -29,9 +29,9 @@ import torch
 
 import cutlass_library  # the nvidia-cutlass wheel: CuTe headers (import fails without it)
 
-from kernels import cupy_backend as cb
-from kernels.nvrtc import arch_for_sm, compile_cubin
-from kernels.spec import Problem
+from drafter_attn.kernels import cupy_backend as cb
+from drafter_attn.kernels.nvrtc import arch_for_sm, compile_cubin
+from drafter_attn.kernels.spec import Problem
 
 SOURCE = "cute_drafter_attention.cu"
 HEAD_DIMS = (64, 128)

@@ -57,9 +57,9 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernels.spec import Geometry, Problem
+from drafter_attn.kernels.spec import Geometry, Problem
 
-log = logging.getLogger("kernels.dispatch")
+log = logging.getLogger("drafter_attn.kernels.dispatch")
 
 TABLE_FORMAT = "drafter-attn-tuned-table"
 TABLE_VERSION = 1
@@ -503,7 +503,7 @@ def _fmt(params) -> str:
 
 def _supports(impl: str, params, problem: Problem) -> str | None:
     """None when `impl` with `params` can run `problem`, else why not (never raises)."""
-    from kernels import registry
+    from drafter_attn.kernels import registry
 
     try:
         return registry.get(impl).with_params(**dict(params)).supports(problem)
@@ -514,7 +514,7 @@ def _supports(impl: str, params, problem: Problem) -> str | None:
 def default_pick(problem: Problem, note: str = "", source: str = "default heuristic") -> Pick:
     """The safe default: cupy at its default parameters where it supports the problem, else the
     torch reference (which runs everything)."""
-    from kernels import registry
+    from drafter_attn.kernels import registry
 
     prefix = f"default: {note}; " if note else "default: "
     try:
@@ -635,12 +635,12 @@ class Runtime:
             warnings.warn(text, RuntimeWarning, stacklevel=4)
 
     def _bind(self, pick: Pick) -> _Bound:
-        from kernels import registry
+        from drafter_attn.kernels import registry
 
         try:
             return _Bound(registry.get(pick.impl).with_params(**dict(pick.params)), pick)
         except Exception as exc:
-            self._warn_once(f"kernels.dispatch: cannot build {pick.impl}{_fmt(pick.params)} "
+            self._warn_once(f"drafter_attn.kernels.dispatch: cannot build {pick.impl}{_fmt(pick.params)} "
                             f"({type(exc).__name__}: {exc}); using the torch reference")
             ref = _pick("reference", {}, "default",
                         f"{pick.impl} could not be built ({exc}); the torch reference runs it",
@@ -674,7 +674,7 @@ class Runtime:
         return b if b is not None else self._bind_attention(key, layout, args, mask, window, scale)
 
     def _bind_attention(self, key, layout, args, mask, window, scale) -> _Bound:
-        from kernels import contract
+        from drafter_attn.kernels import contract
 
         check = contract.check_paged if layout == "paged" else contract.check_arena
         dims = check(*args, mask, window, scale)  # a bad input: ValueError naming the argument
@@ -705,7 +705,7 @@ class Runtime:
         b = self._bound.get(key) if key is not None else None
         if b is not None:
             return b
-        from kernels import contract
+        from drafter_attn.kernels import contract
 
         check = contract.check_store_paged if layout == "paged" else contract.check_store_arena
         dims = check(*args)

@@ -7,7 +7,7 @@ sliding_window / layer_types -> mask and window. All drafters ship bfloat16 weig
 
 from __future__ import annotations
 
-from kernels.spec import Geometry
+from drafter_attn.kernels.spec import Geometry
 
 MAIN_PRESET = "qwen3-8b-dflash-b16"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.contract import Dims, check_arena, check_paged, check_store_arena, check_store_paged
+from drafter_attn.kernels.contract import Dims, check_arena, check_paged, check_store_arena, check_store_paged
 
 
 def _visible(written: torch.Tensor, ctx_lens: torch.Tensor, d: Dims) -> torch.Tensor:

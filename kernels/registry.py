@@ -12,8 +12,8 @@ import importlib
 import inspect
 from typing import Callable, Protocol, runtime_checkable
 
-from kernels import reference
-from kernels.spec import Problem
+from drafter_attn.kernels import reference
+from drafter_attn.kernels.spec import Problem
 
 
 @runtime_checkable
@@ -170,12 +170,12 @@ def from_spec(spec: str) -> Backend:
 register("reference", ReferenceBackend)
 register(
     "cupy",
-    "kernels.cupy_backend:BACKEND",
+    "drafter_attn.kernels.cupy_backend:BACKEND",
     extra="install the CUDA extra, pip install -e '.[cu13]' (CUDA 13) or '.[cu12]' (CUDA 12)",
 )
 register(
     "cutlass",
-    "kernels.cutlass_backend:BACKEND",
+    "drafter_attn.kernels.cutlass_backend:BACKEND",
     extra="the CUDA and CUTLASS extras, pip install -e '.[cu13,cutlass]' (CuTe headers from "
           "nvidia-cutlass, NVRTC from nvidia-cuda-nvrtc, CuPy to launch)",
 )

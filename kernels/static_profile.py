@@ -1,7 +1,7 @@
 """Static compile profile: compile the default kernel variants for several SM targets with NVRTC
 (no GPU needed) and report registers, shared memory and spills per kernel.
 
-    python -m kernels.static_profile --sm 90,100,103
+    python -m drafter_attn.kernels.static_profile --sm 90,100,103
 
 The tuner's `tuner compile` prints the same table and stores it in the profile database.
 """
@@ -14,7 +14,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from kernels.presets import PRESETS
+from drafter_attn.kernels.presets import PRESETS
 
 DEFAULT_SMS = (90, 100, 103)
 DEFAULT_PAGES = (16, 64, 128)
@@ -47,8 +47,8 @@ def cupy_default_variants(page_sizes=DEFAULT_PAGES, presets=None,
                           sms=DEFAULT_SMS) -> list[Variant]:
     """The cupy backend's default-parameter variants for every preset geometry, layout and SM
     (sm_90 variants use wgmma where the shape allows, other targets mma.sync)."""
-    from kernels import cupy_backend as cb
-    from kernels.spec import Problem
+    from drafter_attn.kernels import cupy_backend as cb
+    from drafter_attn.kernels.spec import Problem
 
     out = {}
     for sm in sms:
@@ -71,10 +71,10 @@ def cutlass_default_variants(page_sizes=DEFAULT_PAGES, presets=None,
     (params wgmma=True) where the shape allows it. Empty when the nvidia-cutlass wheel (the
     `cutlass` extra) is not installed."""
     try:
-        from kernels import cutlass_backend as kb
+        from drafter_attn.kernels import cutlass_backend as kb
     except ImportError:
         return []
-    from kernels.spec import Problem
+    from drafter_attn.kernels.spec import Problem
 
     out = {}
     for geom in (presets or PRESETS).values():
@@ -98,7 +98,7 @@ def default_variants(page_sizes=DEFAULT_PAGES) -> list[Variant]:
 
 
 def _compile_one(args) -> list[dict]:
-    from kernels.nvrtc import arch_for_sm, compile_cubin
+    from drafter_attn.kernels.nvrtc import arch_for_sm, compile_cubin
 
     variant, sm = args
     res = compile_cubin(variant.source, dict(variant.defines), arch_for_sm(sm),
@@ -150,7 +150,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.static_profile", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m drafter_attn.kernels.static_profile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sm", type=parse_sms, default=DEFAULT_SMS, help="e.g. 90,100,103")
     ap.add_argument("--workers", type=int, default=None)

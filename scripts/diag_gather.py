@@ -13,8 +13,8 @@ import argparse
 
 import torch
 
-from tuner.roofline import copy_bandwidth
-from tuner.timing import time_step
+from drafter_attn.tuner.roofline import copy_bandwidth
+from drafter_attn.tuner.timing import time_step
 
 
 def main():

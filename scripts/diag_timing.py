@@ -1,9 +1,9 @@
 """Where does a small step's time go? Empty-graph overhead, warm vs cold L2, attention vs combine."""
 import torch
-from kernels import registry
-from kernels.cache import random_paged_context
-from kernels.presets import get_preset
-from tuner.timing import time_step
+from drafter_attn.kernels import registry
+from drafter_attn.kernels.cache import random_paged_context
+from drafter_attn.kernels.presets import get_preset
+from drafter_attn.tuner.timing import time_step
 
 g = get_preset("qwen3-8b-dflash-b16")
 x = torch.ones(1, device="cuda")

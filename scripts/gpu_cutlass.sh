@@ -19,7 +19,7 @@ case ${1:-tests} in
     tail -n 30 "$OUT/gpu_tests.log" ;;
   table)
     python3 scripts/precompile_gpu_matrix.py --no-tests --table "$IMPLS" 2>&1 | tail -n 3
-    timeout ${T_TABLE:-540} python3 -m bench.attention_table --reps ${REPS:-50} --impl "$IMPLS" \
+    timeout ${T_TABLE:-540} python3 -m drafter_attn.bench.attention_table --reps ${REPS:-50} --impl "$IMPLS" \
       --out "$OUT/table" > "$OUT/table.log" 2>&1 || rc=$?
     grep -v "^{" "$OUT/table.log" | tail -n 150 ;;
   *) echo "usage: gpu_cutlass.sh tests|table" >&2; exit 2 ;;

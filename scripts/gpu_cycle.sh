@@ -13,7 +13,7 @@ if [[ $what == tests || $what == all ]]; then
   tail -n 40 "$OUT/gpu_tests.log"
 fi
 if [[ $what == table || $what == all ]]; then
-  python3 -m bench.attention_table --out "$OUT/table" "$@" > "$OUT/table.log" 2>&1 || rc=$?
+  python3 -m drafter_attn.bench.attention_table --out "$OUT/table" "$@" > "$OUT/table.log" 2>&1 || rc=$?
   grep -v "^{" "$OUT/table.log" | tail -n 60
 fi
 exit $rc

@@ -10,10 +10,10 @@ source "$(dirname "$0")/gpu_env.sh"
 db=/tmp/sm90.db
 {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  timeout ${T_TABLE:-200} python3 -m bench.attention_table --reps 50 --out "$OUT/table" | grep -v "^{"
-  timeout ${T_BENCH:-200} python3 -m bench.cli decode --impl cupy --db "$db" --out "$OUT/bench" --reps 50
-  timeout ${T_SWEEP:-150} python3 -m tuner sweep default --db "$db" --no-progress
-  python3 -m tuner show --db "$db" --limit 60
+  timeout ${T_TABLE:-200} python3 -m drafter_attn.bench.attention_table --reps 50 --out "$OUT/table" | grep -v "^{"
+  timeout ${T_BENCH:-200} python3 -m drafter_attn.bench.cli decode --impl cupy --db "$db" --out "$OUT/bench" --reps 50
+  timeout ${T_SWEEP:-150} python3 -m drafter_attn.tuner sweep default --db "$db" --no-progress
+  python3 -m drafter_attn.tuner show --db "$db" --limit 60
 } > "$OUT/run.log" 2>&1
 python3 -c "import sqlite3, sys; sqlite3.connect('$db').execute(\"VACUUM INTO '$OUT/sm90.db'\")"
 tail -n 80 "$OUT/run.log"

@@ -1,9 +1,9 @@
 """One attention call of the main preset, eagerly, for Nsight Compute: ncu_case.py B CTX [PAGE]."""
 import sys
 import torch
-from kernels import registry
-from kernels.cache import random_paged_context
-from kernels.presets import get_preset
+from drafter_attn.kernels import registry
+from drafter_attn.kernels.cache import random_paged_context
+from drafter_attn.kernels.presets import get_preset
 
 B, ctx = int(sys.argv[1]), int(sys.argv[2])
 page = int(sys.argv[3]) if len(sys.argv) > 3 else 64

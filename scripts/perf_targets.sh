@@ -13,7 +13,7 @@
 #            (scripts/diag_gather.py), then tiles, the mma.sync path and loads only
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
-t() { python3 -m bench.attention_table --reps 50 "$@" | grep -v "^{"; }
+t() { python3 -m drafter_attn.bench.attention_table --reps 50 "$@" | grep -v "^{"; }
 for stage in "${@:-presets}"; do
   case $stage in
     main) t --out "$OUT/main" ;;

@@ -14,9 +14,9 @@ sys.path.insert(0, os.getcwd())
 
 import torch  # noqa: E402
 
-from kernels import registry  # noqa: E402
-from kernels.presets import MAIN_PRESET, get_preset  # noqa: E402
-from kernels.spec import Problem  # noqa: E402
+from drafter_attn.kernels import registry  # noqa: E402
+from drafter_attn.kernels.presets import MAIN_PRESET, get_preset  # noqa: E402
+from drafter_attn.kernels.spec import Problem  # noqa: E402
 from tests import test_backends_gpu as matrix  # noqa: E402
 
 
@@ -55,7 +55,7 @@ def matrix_jobs(specs, sm):
 
 
 def table_jobs(specs, preset, pages, sm):
-    """bench.attention_table's variants: `preset` at each page size and the arena (params do
+    """drafter_attn.bench.attention_table's variants: `preset` at each page size and the arena (params do
     not depend on batch or context beyond the split count, a launch argument)."""
     geom = get_preset(preset).with_(num_layers=1)
     out = set()

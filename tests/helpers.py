@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.spec import Geometry
+from drafter_attn.kernels.spec import Geometry
 
 
 def make_generator(seed: int = 0) -> torch.Generator:

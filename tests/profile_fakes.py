@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from kernels import reference
-from kernels.presets import get_preset
-from tuner.db import ProfileDB, candidate_key
+from drafter_attn.kernels import reference
+from drafter_attn.kernels.presets import get_preset
+from drafter_attn.tuner.db import ProfileDB, candidate_key
 
 H200 = dict(gpu_name="NVIDIA H200", sm=90, sm_count=132, driver="580.95.05", cuda="13.0",
             torch="2.11.0", cupy="14.2.0", cutlass=None, nvrtc="13.0", sources_hash="src-a")

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from kernels import auto
-from kernels.auto import Deployment, hidden_tokens, page_rounding, recommend
-from kernels.dispatch import Dispatcher
+from drafter_attn.kernels import auto
+from drafter_attn.kernels.auto import Deployment, hidden_tokens, page_rounding, recommend
+from drafter_attn.kernels.dispatch import Dispatcher
 from profile_fakes import H200, MAIN, build_db
-from tuner.cli import main
+from drafter_attn.tuner.cli import main
 
 PRESET = "qwen3-8b-dflash-b16"
 

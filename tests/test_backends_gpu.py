@@ -14,10 +14,10 @@ import random
 import pytest
 import torch
 
-from kernels import reference, registry
-from kernels.cache import random_arena_context, random_paged_context
-from kernels.presets import PRESETS
-from kernels.spec import Geometry
+from drafter_attn.kernels import reference, registry
+from drafter_attn.kernels.cache import random_arena_context, random_paged_context
+from drafter_attn.kernels.presets import PRESETS
+from drafter_attn.kernels.spec import Geometry
 
 pytestmark = pytest.mark.gpu
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.util
 import json
 import subprocess
 import sys
@@ -17,11 +16,11 @@ import pandas as pd
 import pytest
 import torch
 
-from bench import cli, decode, gpu, options
-from bench.steps import ContextStep
-from kernels.presets import MAIN_PRESET, get_preset
-from kernels.spec import Geometry, Problem
-from tuner.db import ProfileDB
+from drafter_attn.bench import cli, decode, gpu, options
+from drafter_attn.bench.steps import ContextStep
+from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
+from drafter_attn.kernels.spec import Geometry, Problem
+from drafter_attn.tuner.db import ProfileDB
 
 H200 = gpu.GpuInfo(0, "NVIDIA H200", 90, 132, 141 * 2**30)
 B200 = gpu.GpuInfo(1, "NVIDIA B200", 100, 148, 180 * 2**30)
@@ -134,8 +133,7 @@ def test_sm_mismatch_names_the_gpu_and_what_to_do(fake_h200, capsys):
     assert "NVIDIA H200" in err and "SM 90" in err
     assert "run without --sm, or with --sm 90" in err
     assert "bench report --sm 107" in err
-    if importlib.util.find_spec("tuner.cli") is not None:
-        assert "tuner show --sm 107" in err
+    assert "tuner show --sm 107" in err
 
 
 def test_sm_mismatch_known_sm_is_named(fake_h200, capsys):
@@ -162,7 +160,7 @@ def test_no_gpu_message(monkeypatch, capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the real no-GPU path")
 def test_no_gpu_real_process():
-    proc = subprocess.run([sys.executable, "-m", "bench.cli", "decode", "--sm", "107", "--page", "128"],
+    proc = subprocess.run([sys.executable, "-m", "drafter_attn.bench.cli", "decode", "--sm", "107", "--page", "128"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "no CUDA GPU found" in proc.stderr and "Traceback" not in proc.stderr
@@ -179,9 +177,9 @@ def test_no_gpu_real_process():
     (["prefill", "--chunk", "4k", "--ctx", "8k", "--max-ctx", "10k"], "plus the 4096 rows a context step stores"),
 ])
 def test_option_errors(fake_h200, capsys, argv, message, monkeypatch):
-    import kernels.baselines
+    from drafter_attn.kernels import baselines
 
-    monkeypatch.setattr(kernels.baselines, "flashinfer_available", lambda: True)
+    monkeypatch.setattr(baselines, "flashinfer_available", lambda: True)
     if message is None:
         rc = None
         try:
@@ -194,11 +192,11 @@ def test_option_errors(fake_h200, capsys, argv, message, monkeypatch):
 
 
 def test_baseline_errors(fake_h200, capsys, monkeypatch):
-    import kernels.baselines
+    from drafter_attn.kernels import baselines
 
-    monkeypatch.setattr(kernels.baselines, "flashinfer_available", lambda: False)
+    monkeypatch.setattr(baselines, "flashinfer_available", lambda: False)
     assert "FlashInfer is not installed" in _err(capsys, ["decode", "--baseline", "flashinfer"])
-    monkeypatch.setattr(kernels.baselines, "flashinfer_available", lambda: True)
+    monkeypatch.setattr(baselines, "flashinfer_available", lambda: True)
     assert "covers mask 'full' only" in _err(capsys, ["decode", "--baseline", "flashinfer", "--preset", "mimo-dflash"])
 
 
@@ -229,15 +227,6 @@ def test_report_without_database(tmp_path, capsys):
 # Which implementation: auto
 
 
-def test_auto_falls_back_to_cupy_without_dispatch(monkeypatch):
-    monkeypatch.setitem(sys.modules, "kernels.dispatch", None)
-    dispatcher, note = decode.load_dispatcher("/nonexistent.db")
-    assert dispatcher is None and note == "kernels.dispatch does not exist yet"
-    problem = Problem(get_preset(MAIN_PRESET), "paged", 64, 1, 128)
-    pick = decode.resolve_impl("auto", problem, dispatcher=None, dispatcher_note=note)
-    assert pick.impl == "cupy" and pick.note == "auto: kernels.dispatch does not exist yet; fell back to cupy"
-
-
 class _FakeDispatcher:
     loaded = None
 
@@ -258,7 +247,7 @@ class _FakeDispatcher:
 
 
 def test_auto_uses_the_dispatcher(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "kernels.dispatch", types.SimpleNamespace(Dispatcher=_FakeDispatcher))
+    monkeypatch.setitem(sys.modules, "drafter_attn.kernels.dispatch", types.SimpleNamespace(Dispatcher=_FakeDispatcher))
     monkeypatch.delenv("DRAFTER_TUNED_TABLE", raising=False)
     d, note = decode.load_dispatcher(str(tmp_path / "none.db"))
     assert d.loaded is None and note.startswith("kernels.dispatch, default heuristic")
@@ -276,7 +265,6 @@ def test_auto_uses_the_dispatcher(monkeypatch, tmp_path):
 
 
 def test_auto_with_the_real_dispatch_and_an_empty_database(monkeypatch, tmp_path):
-    pytest.importorskip("kernels.dispatch")
     monkeypatch.delenv("DRAFTER_TUNED_TABLE", raising=False)
     ProfileDB(tmp_path / "p.db").close()
     d, note = decode.load_dispatcher(str(tmp_path / "p.db"))
@@ -321,13 +309,13 @@ def _fake_baseline(geometry, page, batch, ctx, reps=0):
 
 @pytest.fixture
 def fake_bench(monkeypatch):
-    import kernels.baselines
+    from drafter_attn.kernels import baselines
 
     monkeypatch.setattr(gpu, "probe", lambda: [H200])
     monkeypatch.setattr(decode, "gpu_environment", _fake_env)
     monkeypatch.setattr(decode, "default_measures", lambda: (_fake_decode, _fake_context, _fake_baseline))
-    monkeypatch.setattr(kernels.baselines, "flashinfer_available", lambda: True)
-    monkeypatch.setitem(sys.modules, "kernels.dispatch", None)
+    monkeypatch.setattr(baselines, "flashinfer_available", lambda: True)
+    monkeypatch.delenv("DRAFTER_TUNED_TABLE", raising=False)
 
 
 def test_decode_end_to_end_faked(fake_bench, tmp_path, capsys):
@@ -336,7 +324,7 @@ def test_decode_end_to_end_faked(fake_bench, tmp_path, capsys):
             "--db", str(db), "--out", str(out)]
     assert cli.main(argv) == 0
     text = capsys.readouterr().out
-    assert "impl picked: cupy (auto: kernels.dispatch does not exist yet; fell back to cupy)" in text
+    assert f"impl picked: cupy (auto: kernels.dispatch over {db}, tier default)" in text
     assert "paged over arena median +0.50%" in text
     for name in ("decode.csv", "decode.json", "decode.png"):
         assert (out / name).stat().st_size > 0

@@ -13,15 +13,15 @@ import pandas as pd
 import pytest
 import torch
 
-from bench import cli
-from kernels import registry
-from kernels.baselines import flashinfer_available
-from kernels.presets import MAIN_PRESET, get_preset
-from kernels.spec import Problem
-from tuner import measure, timing
-from tuner.db import ProfileDB
-from tuner.spec import Candidate
-from tuner.step import DecodeStep
+from drafter_attn.bench import cli
+from drafter_attn.kernels import registry
+from drafter_attn.kernels.baselines import flashinfer_available
+from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
+from drafter_attn.kernels.spec import Problem
+from drafter_attn.tuner import measure, timing
+from drafter_attn.tuner.db import ProfileDB
+from drafter_attn.tuner.spec import Candidate
+from drafter_attn.tuner.step import DecodeStep
 
 pytestmark = pytest.mark.gpu
 
@@ -164,7 +164,7 @@ def test_benchmark_decode_step(benchmark, arena_row, layout, page):
 def test_attention_table_small(tmp_path):
     """The one-layer table end to end: every row checked against the reference and timed, the
     CSV written row by row and the markdown at the end; a failing spec is a row, not a crash."""
-    from bench import attention_table
+    from drafter_attn.bench import attention_table
 
     out = tmp_path / "t"
     rc = attention_table.main(["--preset", MAIN_PRESET, "--batch", "1", "--ctx", "1k", "--page", "64",

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from bench import cli
-from bench import memory as kvmem
-from kernels.presets import get_preset
-from kernels.spec import Geometry
+from drafter_attn.bench import cli
+from drafter_attn.bench import memory as kvmem
+from drafter_attn.kernels.presets import get_preset
+from drafter_attn.kernels.spec import Geometry
 
 MAIN = get_preset("qwen3-8b-dflash-b16")  # 5 layers, 8 KV heads x 128, bf16, Qb 16
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from helpers import make_generator, naive_attention_f64, random_block
-from kernels import reference
-from kernels.cache import (
+from drafter_attn.kernels import reference
+from drafter_attn.kernels.cache import (
     ArenaKVCache, BlockTables, PagedKVPool, PoolExhausted, arena_to_dense, paged_to_dense,
     random_arena_context, random_paged_context,
 )
-from kernels.spec import Geometry
+from drafter_attn.kernels.spec import Geometry
 
 
 def _pool(num_pages=8, **kw):

@@ -5,8 +5,8 @@ import re
 import pytest
 import torch
 
-from kernels import reference
-from kernels.contract import check_arena, check_paged
+from drafter_attn.kernels import reference
+from drafter_attn.kernels.contract import check_arena, check_paged
 
 B, QB, HQ, HKV, D, PS, PAGES, MAX_PAGES, MAX_CTX = 2, 4, 4, 2, 8, 8, 6, 3, 24
 

@@ -20,15 +20,15 @@ import pytest
 
 cutlass_library = pytest.importorskip("cutlass_library", reason="needs the `cutlass` extra")
 
-from kernels import registry  # noqa: E402
-from kernels.presets import MAIN_PRESET, PRESETS  # noqa: E402
-from kernels.spec import Geometry, Problem  # noqa: E402
+from drafter_attn.kernels import registry  # noqa: E402
+from drafter_attn.kernels.presets import MAIN_PRESET, PRESETS  # noqa: E402
+from drafter_attn.kernels.spec import Geometry, Problem  # noqa: E402
 
 SMS = (90, 100, 103)
 
 
 def _nvrtc_available() -> str | None:
-    from kernels import nvrtc
+    from drafter_attn.kernels import nvrtc
 
     try:
         nvrtc.nvrtc_version()
@@ -58,7 +58,7 @@ def compiled():
     reason = _nvrtc_available()
     if reason:
         pytest.skip(reason)
-    from kernels.static_profile import compile_variants, cutlass_default_variants
+    from drafter_attn.kernels.static_profile import compile_variants, cutlass_default_variants
 
     variants = cutlass_default_variants(page_sizes=(64,), presets={MAIN_PRESET: PRESETS[MAIN_PRESET]})
     assert len(variants) == 4  # paged 64 + arena, mma.sync + wgmma
@@ -136,7 +136,7 @@ def _nvcc() -> str | None:
     if found:
         return found
     try:
-        from kernels.nvrtc import cuda_include_dir
+        from drafter_attn.kernels.nvrtc import cuda_include_dir
 
         path = Path(cuda_include_dir()).parent / "bin" / "nvcc"
     except Exception:
@@ -150,8 +150,8 @@ def test_gather_partitions_match_the_smem_layouts(case):
     gathers use put every row where its layouts (and the page-id lookup) expect."""
     import hashlib
 
-    from kernels import cutlass_backend as kb
-    from kernels.nvrtc import CUDA_SRC_DIR, cache_dir
+    from drafter_attn.kernels import cutlass_backend as kb
+    from drafter_attn.kernels.nvrtc import CUDA_SRC_DIR, cache_dir
 
     nvcc = _nvcc()
     if nvcc is None:
@@ -179,7 +179,7 @@ def test_gather_partitions_match_the_smem_layouts(case):
 
 
 def test_static_profile_lists_both_backends():
-    from kernels.static_profile import cutlass_default_variants, default_variants
+    from drafter_attn.kernels.static_profile import cutlass_default_variants, default_variants
 
     backends = {v.backend for v in default_variants()}
     assert {"cupy", "cutlass"} <= backends
@@ -190,7 +190,7 @@ def test_static_profile_lists_both_backends():
 
 
 def test_backend_protocol_and_supports():
-    from kernels import cutlass_backend as kb
+    from drafter_attn.kernels import cutlass_backend as kb
 
     backend = registry.get("cutlass")
     assert isinstance(backend, registry.Backend) and backend.name == "cutlass"

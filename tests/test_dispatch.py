@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import dispatch, reference, registry
-from kernels.cache import random_arena_context, random_paged_context
-from kernels.dispatch import Dispatcher, Runtime, TableError, bucket
-from kernels.spec import Problem
+from drafter_attn.kernels import dispatch, reference, registry
+from drafter_attn.kernels.cache import random_arena_context, random_paged_context
+from drafter_attn.kernels.dispatch import Dispatcher, Runtime, TableError, bucket
+from drafter_attn.kernels.spec import Problem
 from helpers import random_block
 from profile_fakes import B200, H200, MAIN, FakeBackend, build_db, small_geometry
 
@@ -209,7 +209,7 @@ def test_database_is_opened_read_only(db):
 
 
 def test_db_constants_match_the_tuner_schema(tmp_path):
-    from tuner import db as tdb
+    from drafter_attn.tuner import db as tdb
 
     assert (dispatch.DB_SCHEMA_NAME, dispatch.DB_SCHEMA_VERSION) == (tdb.SCHEMA_NAME, tdb.SCHEMA_VERSION)
     with tdb.ProfileDB(tmp_path / "x.db") as d:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from kernels import dispatch, nvrtc
-from kernels.dispatch import Dispatcher
-from kernels.spec import Problem
+from drafter_attn.kernels import dispatch, nvrtc
+from drafter_attn.kernels.dispatch import Dispatcher
+from drafter_attn.kernels.spec import Problem
 from profile_fakes import B200, H200, MAIN, build_db
-from tuner import export, predict
-from tuner.cli import main
-from tuner.db import ProfileDB
+from drafter_attn.tuner import export, predict
+from drafter_attn.tuner.cli import main
+from drafter_attn.tuner.db import ProfileDB
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = {"tile_n": 64, "stages": 3}

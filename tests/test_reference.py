@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from helpers import dense_into_arena, expected_store, make_generator, naive_attention_f64, random_block
-from kernels import reference
-from kernels.cache import paged_to_dense, random_arena_context, random_paged_context
-from kernels.spec import MASKS, Geometry
+from drafter_attn.kernels import reference
+from drafter_attn.kernels.cache import paged_to_dense, random_arena_context, random_paged_context
+from drafter_attn.kernels.spec import MASKS, Geometry
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.bfloat16: dict(atol=1e-2, rtol=1e-2)}
 

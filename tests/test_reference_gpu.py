@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from helpers import dense_into_arena, make_generator, random_block
-from kernels import reference
-from kernels.cache import paged_to_dense, random_arena_context, random_paged_context
-from kernels.spec import Geometry
+from drafter_attn.kernels import reference
+from drafter_attn.kernels.cache import paged_to_dense, random_arena_context, random_paged_context
+from drafter_attn.kernels.spec import Geometry
 
 pytestmark = pytest.mark.gpu
 

@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from kernels import reference, registry
-from kernels.presets import MAIN_PRESET, get_preset
-from kernels.spec import Problem
+from drafter_attn.kernels import reference, registry
+from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
+from drafter_attn.kernels.spec import Problem
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def test_unknown_backend_lists_known_names():
 
 def test_failed_import_says_what_to_install(scratch):
     scratch.append("broken")
-    registry.register("broken", "kernels.no_such_module:BACKEND", extra="pip install -e '.[cu13]'")
+    registry.register("broken", "drafter_attn.kernels.no_such_module:BACKEND", extra="pip install -e '.[cu13]'")
     assert "broken" in registry.names()
     with pytest.raises(registry.BackendUnavailable, match=r"backend 'broken' is unavailable.*No module named.*\[cu13\]"):
         registry.get("broken")
@@ -59,14 +59,14 @@ def test_cupy_is_registered_lazily():
 
 def test_register_factories(scratch):
     scratch += ["by_path", "by_callable"]
-    registry.register("by_path", "kernels.registry:ReferenceBackend")  # a class: instantiated
+    registry.register("by_path", "drafter_attn.kernels.registry:ReferenceBackend")  # a class: instantiated
     registry.register("by_callable", registry.ReferenceBackend)
     assert isinstance(registry.get("by_path"), registry.ReferenceBackend)
     assert isinstance(registry.get("by_callable"), registry.ReferenceBackend)
     with pytest.raises(ValueError, match="already registered"):
         registry.register("by_path", registry.ReferenceBackend)
     with pytest.raises(ValueError, match="'module:attr'"):
-        registry.register("bad", "kernels.registry")
+        registry.register("bad", "drafter_attn.kernels.registry")
     scratch.append("not_a_backend")
     registry.register("not_a_backend", lambda: object())
     with pytest.raises(registry.BackendUnavailable, match="not a Backend"):

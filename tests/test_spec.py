@@ -5,8 +5,8 @@ import re
 import pytest
 import torch
 
-from kernels.presets import MAIN_PRESET, PRESETS, get_preset
-from kernels.spec import Geometry, Problem
+from drafter_attn.kernels.presets import MAIN_PRESET, PRESETS, get_preset
+from drafter_attn.kernels.spec import Geometry, Problem
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("cupy")
 
-from kernels.cupy_backend import _Module, choose_splits  # noqa: E402
+from drafter_attn.kernels.cupy_backend import _Module, choose_splits  # noqa: E402
 
 H200_SMS = 132
 

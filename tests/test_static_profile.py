@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels import static_profile as sp
+from drafter_attn.kernels import static_profile as sp
 
 pytest.importorskip("cuda.bindings.nvrtc")
 

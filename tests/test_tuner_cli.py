@@ -8,8 +8,8 @@ import json
 import pandas as pd
 import pytest
 
-from tuner import cli
-from tuner.db import ProfileDB
+from drafter_attn.tuner import cli
+from drafter_attn.tuner.db import ProfileDB
 
 from test_tuner_db import FP, _row
 
@@ -81,7 +81,7 @@ def _fake_rows(spill: int):
 
 @pytest.mark.parametrize("spill,rc_expected", [(0, 0), (64, 1)])
 def test_compile_stores_rows_and_fails_on_spills(capsys, monkeypatch, tmp_path, spill, rc_expected):
-    from kernels import static_profile
+    from drafter_attn.kernels import static_profile
 
     seen = {}
 
@@ -101,7 +101,7 @@ def test_compile_stores_rows_and_fails_on_spills(capsys, monkeypatch, tmp_path, 
 
 def test_compile_one_real_variant(capsys, monkeypatch, tmp_path):
     """One NVRTC compile (no GPU): gpt-oss arena variant for sm_100a."""
-    from kernels import nvrtc
+    from drafter_attn.kernels import nvrtc
 
     try:
         nvrtc.cuda_include_dir()

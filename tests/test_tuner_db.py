@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner import db as dbmod
-from tuner.db import ProfileDB, SchemaError, merge
+from drafter_attn.tuner import db as dbmod
+from drafter_attn.tuner.db import ProfileDB, SchemaError, merge
 
 REPO = Path(__file__).resolve().parent.parent
 FP = dict(gpu_name="NVIDIA H200", sm=90, sm_count=132, driver="580.95.05", cuda="13.0",
@@ -69,7 +69,7 @@ def test_bad_rows_are_refused(tmp_path):
 WRITER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {repo!r})
-    from tuner.db import ProfileDB
+    from drafter_attn.tuner.db import ProfileDB
     sys.path.insert(0, {tests!r})
     from test_tuner_db import FP, _row
     path, who, n, start = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
@@ -186,8 +186,8 @@ def test_candidate_key_depends_on_every_part():
 
 
 def test_environment_id_and_software_versions():
-    from kernels import nvrtc
-    from tuner import env
+    from drafter_attn.kernels import nvrtc
+    from drafter_attn.tuner import env
 
     assert env.env_id(FP) == env.env_id({**FP, "hostname": "elsewhere"})  # only FIELDS count
     assert env.env_id(FP) != env.env_id({**FP, "driver": "580.0"})

@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 
-from kernels import reference
-from kernels.presets import PRESETS
-from kernels.spec import Problem
-from tuner import measure, memory, syncs, timing
-from tuner.db import ProfileDB
-from tuner.spec import Candidate
-from tuner.step import CorrectnessError, DecodeStep
-from tuner.sweep import result_row, run_sweep, visible_devices
+from drafter_attn.kernels import reference
+from drafter_attn.kernels.presets import PRESETS
+from drafter_attn.kernels.spec import Problem
+from drafter_attn.tuner import measure, memory, syncs, timing
+from drafter_attn.tuner.db import ProfileDB
+from drafter_attn.tuner.spec import Candidate
+from drafter_attn.tuner.step import CorrectnessError, DecodeStep
+from drafter_attn.tuner.sweep import result_row, run_sweep, visible_devices
 
 pytestmark = pytest.mark.gpu
 
@@ -74,7 +74,7 @@ def test_measure_candidate_fills_a_whole_row(tmp_path):
     assert result["peak_bytes"] >= result["kv_bytes"] > 0
     assert result["workspace_bytes"] > 0  # outputs at least
     with ProfileDB(tmp_path / "g.db") as db:
-        from tuner.env import fingerprint
+        from drafter_attn.tuner.env import fingerprint
 
         env = db.add_environment(fingerprint())
         db.add_result(result_row(c, result, env, "test", "0"))
@@ -162,7 +162,7 @@ def test_sweep_survives_a_sticky_device_fault(tmp_path):
 
 
 def test_real_sweep_of_a_tiny_spec(tmp_path):
-    from tuner.spec import load_spec
+    from drafter_attn.tuner.spec import load_spec
 
     spec_path = tmp_path / "tiny.toml"
     spec_path.write_text("""

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.nvrtc import CompileError
-from kernels.spec import Geometry, Problem
-from tuner import measure
-from tuner.spec import Candidate
-from tuner.step import CorrectnessError
-from tuner.timing import summarize
+from drafter_attn.kernels.nvrtc import CompileError
+from drafter_attn.kernels.spec import Geometry, Problem
+from drafter_attn.tuner import measure
+from drafter_attn.tuner.spec import Candidate
+from drafter_attn.tuner.step import CorrectnessError
+from drafter_attn.tuner.timing import summarize
 
 
 def test_summary_statistics():
@@ -58,7 +58,7 @@ def test_unsupported_candidates_are_recorded_not_run():
     row = measure.measure_candidate(c.to_wire())
     assert row["status"] == "unsupported" and "head_dim 96" in row["reason"]
     assert row["elapsed_s"] >= 0
-    from bench.steps import measure_context  # the context step goes through the same path
+    from drafter_attn.bench.steps import measure_context  # the context step goes through the same path
 
     row = measure_context(c.to_wire(), chunk=64)
     assert row["status"] == "unsupported" and "head_dim 96" in row["reason"]

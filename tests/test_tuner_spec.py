@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kernels import registry
-from kernels.presets import PRESETS
-from tuner.spec import Candidate, SpecError, load_spec, parse_spec, tomllib
+from drafter_attn.kernels import registry
+from drafter_attn.kernels.presets import PRESETS
+from drafter_attn.tuner.spec import Candidate, SpecError, load_spec, parse_spec, tomllib
 
 GOOD = """
 [sweep]

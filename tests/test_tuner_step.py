@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from kernels import reference
-from kernels.spec import Geometry, Problem
-from tuner import memory, roofline
-from tuner.step import CorrectnessError, DecodeStep, accepted_rows
+from drafter_attn.kernels import reference
+from drafter_attn.kernels.spec import Geometry, Problem
+from drafter_attn.tuner import memory, roofline
+from drafter_attn.tuner.step import CorrectnessError, DecodeStep, accepted_rows
 
 GEOM = Geometry(8, 2, 64, 4, "sliding", 6, num_layers=3, dtype="float32")
 
@@ -150,7 +150,7 @@ def test_check_catches_wrong_backends(fault, message, layout):
 
 def test_check_reference_in_chunks(monkeypatch):
     """Large problems run the reference request by request; the result is the same."""
-    import tuner.step as step_mod
+    import drafter_attn.tuner.step as step_mod
 
     step = DecodeStep(_problem("paged", batch=5), _Broken("noise"), device="cpu")
     with pytest.raises(CorrectnessError) as whole:

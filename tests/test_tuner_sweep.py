@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner.db import ProfileDB
-from tuner.spec import parse_spec, tomllib
-from tuner.sweep import SweepError, run_sweep
+from drafter_attn.tuner.db import ProfileDB
+from drafter_attn.tuner.spec import parse_spec, tomllib
+from drafter_attn.tuner.sweep import SweepError, run_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE = dict(measure="sweep_fakes:measure", fingerprint="sweep_fakes:fingerprint", progress=False)
@@ -72,7 +72,7 @@ def test_a_killed_sweep_resumes_without_losing_rows(tmp_path):
         import sys
         sys.path[:0] = [{str(REPO)!r}, {str(REPO / 'tests')!r}]
         from test_tuner_sweep import _candidates, FAKE
-        from tuner.sweep import run_sweep
+        from drafter_attn.tuner.sweep import run_sweep
         run_sweep(_candidates(list(range(30, 42))), {str(path)!r}, devices=[None],
                   options=dict(sleep=0.3), **FAKE)
     """)

@@ -7,10 +7,10 @@ import sqlite3
 
 import torch
 
-from kernels import reference, registry
-from kernels.spec import Geometry, Problem
-from tuner import syncs
-from tuner.step import DecodeStep
+from drafter_attn.kernels import reference, registry
+from drafter_attn.kernels.spec import Geometry, Problem
+from drafter_attn.tuner import syncs
+from drafter_attn.tuner.step import DecodeStep
 
 
 def test_classify_runtime_counts_blocking_calls_inside_windows():

@@ -1,5 +1,5 @@
-"""`python -m tuner ...` is the `tuner` command (for checkouts that are not pip-installed)."""
+"""`python -m drafter_attn.tuner ...` is the `tuner` command."""
 
-from tuner.cli import main
+from drafter_attn.tuner.cli import main
 
 raise SystemExit(main())

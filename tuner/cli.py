@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from tuner.db import ProfileDB, SchemaError, default_path
+from drafter_attn.tuner.db import ProfileDB, SchemaError, default_path
 
 DB_HELP = """\
 profile database: --db PATH, else $DRAFTER_DB, else profiles/profile.db of the source checkout
@@ -50,8 +50,8 @@ def _db_path(args):
 
 
 def cmd_sweep(args) -> int:
-    from tuner.spec import load_spec
-    from tuner.sweep import run_sweep
+    from drafter_attn.tuner.spec import load_spec
+    from drafter_attn.tuner.sweep import run_sweep
 
     spec = load_spec(args.spec)
     candidates = spec.candidates()
@@ -185,8 +185,8 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def cmd_compile(args) -> int:
-    from kernels import nvrtc, static_profile
-    from kernels.presets import PRESETS
+    from drafter_attn.kernels import nvrtc, static_profile
+    from drafter_attn.kernels.presets import PRESETS
 
     presets = None
     if args.presets:
@@ -222,7 +222,7 @@ def cmd_compile(args) -> int:
 
 
 def cmd_merge(args) -> int:
-    from tuner.db import merge
+    from drafter_attn.tuner.db import merge
 
     added = merge(args.dst, *args.src)
     print(f"merged {len(args.src)} database(s) into {args.dst}: "
@@ -294,15 +294,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("src", nargs="+")
     p.set_defaults(func=cmd_merge)
 
-    from tuner import tables_cli
+    from drafter_attn.tuner import tables_cli
 
     tables_cli.add_commands(sub, _add_db)
     return ap
 
 
 def main(argv=None) -> int:
-    from tuner.spec import SpecError
-    from tuner.sweep import SweepError
+    from drafter_attn.tuner.spec import SpecError
+    from drafter_attn.tuner.sweep import SweepError
 
     args = build_parser().parse_args(argv)
     try:

@@ -232,7 +232,7 @@ class ProfileDB:
     # -- writes -------------------------------------------------------------------------------
     def add_environment(self, fp: dict) -> str:
         """Record an environment fingerprint (idempotent); returns its env_id."""
-        from tuner.env import FIELDS, env_id
+        from drafter_attn.tuner.env import FIELDS, env_id
 
         eid = env_id(fp)
         names = ["env_id", *FIELDS, "fingerprint", "created_at"]

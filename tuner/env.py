@@ -53,7 +53,7 @@ def software_versions() -> dict:
     """Library and compiler versions, and the kernel-source hash (no GPU needed)."""
     import torch
 
-    from kernels import nvrtc
+    from drafter_attn.kernels import nvrtc
 
     try:
         nvrtc_v = ".".join(map(str, nvrtc.nvrtc_version()))

@@ -17,8 +17,8 @@ import subprocess
 from fnmatch import fnmatch
 from pathlib import Path
 
-from kernels import dispatch
-from tuner.db import ProfileDB
+from drafter_attn.kernels import dispatch
+from drafter_attn.tuner.db import ProfileDB
 
 REPO = Path(__file__).resolve().parent.parent
 CUDA_DIR = "kernels/cuda"
@@ -44,7 +44,7 @@ def head_commit(repo: Path = REPO) -> str | None:
 
 
 def digest_of(files: dict[str, bytes]) -> str:
-    """kernels.nvrtc.sources_digest's hash over {file name: contents} (*.cu* files by name)."""
+    """drafter_attn.kernels.nvrtc.sources_digest's hash over {file name: contents} (*.cu* files by name)."""
     h = hashlib.sha256()
     for name in sorted(n for n in files if fnmatch(n, "*.cu*")):
         h.update(name.encode())

@@ -47,7 +47,7 @@ def time_step(step, reps: int = 0) -> dict:
     half, from CUDA graph replays; `reps=0` picks the count from a short first timing."""
     import torch
 
-    from tuner import roofline, timing
+    from drafter_attn.tuner import roofline, timing
 
     cold = step.bytes_moved < FLUSH_BELOW_L2_MULTIPLE * _l2_bytes(torch.cuda.current_device())
     graph = timing.capture(step.run)
@@ -71,8 +71,8 @@ def time_step(step, reps: int = 0) -> dict:
 
 def failure(exc: BaseException) -> tuple[str, str]:
     """(status, reason) of a measurement that raised, in the profile database's terms."""
-    from kernels.nvrtc import CompileError
-    from tuner.step import CorrectnessError
+    from drafter_attn.kernels.nvrtc import CompileError
+    from drafter_attn.tuner.step import CorrectnessError
 
     if isinstance(exc, CompileError):
         return "failed_compile", str(exc)[:4000]
@@ -85,7 +85,7 @@ def failure(exc: BaseException) -> tuple[str, str]:
 
 def measure_candidate(wire: dict, *, reps: int = 0, nsys: bool = False) -> dict:
     """Measure `wire` (Candidate.to_wire()) on cuda:0 -> result columns. Never raises."""
-    from tuner.step import DecodeStep
+    from drafter_attn.tuner.step import DecodeStep
 
     return measure_step(wire, lambda c, backend: DecodeStep(c.problem, backend, c.params_dict,
                                                             accepted=c.accepted),
@@ -100,9 +100,9 @@ def measure_step(wire: dict, make_step, *, reps: int = 0, nsys: bool = False,
     Never raises: a failure becomes a status with its reason."""
     import torch
 
-    from kernels import registry
-    from tuner import memory, syncs
-    from tuner.spec import Candidate
+    from drafter_attn.kernels import registry
+    from drafter_attn.tuner import memory, syncs
+    from drafter_attn.tuner.spec import Candidate
 
     t0 = time.perf_counter()
     row: dict = {}

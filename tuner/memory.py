@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from kernels.cache import ArenaKVCache, PagedKVPool
-from kernels.spec import Problem
+from drafter_attn.kernels.cache import ArenaKVCache, PagedKVPool
+from drafter_attn.kernels.spec import Problem
 
 
 def kv_bytes_for(problem: Problem, max_ctx: int | None = None, store_rows: int | None = None) -> int:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from tuner.db import ProfileDB
+from drafter_attn.tuner.db import ProfileDB
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from kernels.spec import Geometry
+from drafter_attn.kernels.spec import Geometry
 
 
 @functools.cache

@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from kernels.presets import PRESETS
-from kernels.spec import MASKS, REFERENCE_DTYPES, Geometry, Problem, is_power_of_two
-from tuner.db import candidate_key
+from drafter_attn.kernels.presets import PRESETS
+from drafter_attn.kernels.spec import MASKS, REFERENCE_DTYPES, Geometry, Problem, is_power_of_two
+from drafter_attn.tuner.db import candidate_key
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -138,7 +138,7 @@ class SweepSpec:
         """Every (problem x backend x parameter set), resolved over the backend's defaults, once."""
         if self._candidates is not None:
             return self._candidates
-        from kernels import registry
+        from drafter_attn.kernels import registry
 
         out: dict[str, Candidate] = {}
         for preset, problem in self.problems():
@@ -256,7 +256,7 @@ def _param_sets(source, backend, table) -> list[dict]:
 
 def parse_spec(data: dict, source: str = "<spec>") -> SweepSpec:
     """Validate a parsed TOML document into a SweepSpec."""
-    from kernels import registry
+    from drafter_attn.kernels import registry
 
     _check_keys(source, "<top level>", data, ("sweep", "params"))
     if "sweep" not in data:

@@ -26,10 +26,10 @@ import random
 
 import torch
 
-from kernels import reference, registry
-from kernels.cache import _randn, random_arena_context, random_paged_context
-from kernels.spec import Problem
-from tuner import memory, roofline
+from drafter_attn.kernels import reference, registry
+from drafter_attn.kernels.cache import _randn, random_arena_context, random_paged_context
+from drafter_attn.kernels.spec import Problem
+from drafter_attn.tuner import memory, roofline
 
 # Relative error (Frobenius) above which an attention output is wrong, per dtype.
 TOLERANCE = {"bfloat16": 1e-2, "float16": 3e-3, "float32": 1e-4}

@@ -21,9 +21,9 @@ import uuid
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
-from tuner.db import ProfileDB
-from tuner.spec import Candidate
-from tuner.worker import FINGERPRINT, MEASURE, worker_main
+from drafter_attn.tuner.db import ProfileDB
+from drafter_attn.tuner.spec import Candidate
+from drafter_attn.tuner.worker import FINGERPRINT, MEASURE, worker_main
 
 START_TIMEOUT_S = 300  # a worker imports torch and CUDA before it says ready
 MAX_START_FAILURES = 3  # consecutive deaths of one worker slot without any result

@@ -13,7 +13,7 @@
 `SyncingBackend` / `bad_step` build the deliberately bad step that proves the detector: its store
 reads `num_new` to the host with `.tolist()` before storing.
 
-    python -m tuner.syncs --candidate '<Candidate.to_wire() JSON>' [--bad] [--runs N]
+    python -m drafter_attn.tuner.syncs --candidate '<Candidate.to_wire() JSON>' [--bad] [--runs N]
 runs a step under NVTX ranges (the target that the Nsight Systems layer profiles).
 """
 
@@ -121,7 +121,7 @@ def graph_capture(fn) -> str | None:
     """None when `fn` captures into a CUDA graph, else why not."""
     import torch
 
-    from tuner.timing import capture
+    from drafter_attn.tuner.timing import capture
 
     try:
         capture(fn, warmup=1)
@@ -180,7 +180,7 @@ def nsys_syncs(candidate: dict, bad: bool = False, runs: int = 5, timeout_s: flo
         report = Path(tmp) / "step"
         cmd = [exe, "profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none",
                "--force-overwrite=true", "--export=sqlite", "-o", str(report),
-               sys.executable, "-m", "tuner.syncs", "--candidate", json.dumps(candidate),
+               sys.executable, "-m", "drafter_attn.tuner.syncs", "--candidate", json.dumps(candidate),
                "--runs", str(runs), *(["--bad"] if bad else [])]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -294,8 +294,8 @@ class SyncingBackend:
 
 def bad_step(problem, backend="cupy", params=None, **kwargs):
     """A DecodeStep whose store syncs the host once per layer (see SyncingBackend)."""
-    from kernels import registry
-    from tuner.step import DecodeStep
+    from drafter_attn.kernels import registry
+    from drafter_attn.tuner.step import DecodeStep
 
     inner = registry.get(backend) if isinstance(backend, str) else backend
     return DecodeStep(problem, SyncingBackend(inner), params, **kwargs)
@@ -303,15 +303,15 @@ def bad_step(problem, backend="cupy", params=None, **kwargs):
 
 def _target(argv=None) -> int:
     """The process Nsight Systems profiles: build the step, warm up, run it in NVTX ranges."""
-    ap = argparse.ArgumentParser(prog="python -m tuner.syncs")
+    ap = argparse.ArgumentParser(prog="python -m drafter_attn.tuner.syncs")
     ap.add_argument("--candidate", required=True, help="Candidate.to_wire() as JSON")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--bad", action="store_true", help="the deliberately syncing store")
     args = ap.parse_args(argv)
     import torch
 
-    from tuner.spec import Candidate
-    from tuner.step import DecodeStep
+    from drafter_attn.tuner.spec import Candidate
+    from drafter_attn.tuner.step import DecodeStep
 
     c = Candidate.from_wire(json.loads(args.candidate))
     make = bad_step if args.bad else DecodeStep

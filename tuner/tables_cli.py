@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from tuner.db import SchemaError, default_path
+from drafter_attn.tuner.db import SchemaError, default_path
 
 
 def _ints(text: str) -> list[int]:
@@ -56,8 +56,8 @@ def _fail(command: str, exc: Exception) -> int:
 
 
 def cmd_export(args) -> int:
-    from kernels.dispatch import TableError
-    from tuner.export import export_table, write_table
+    from drafter_attn.kernels.dispatch import TableError
+    from drafter_attn.tuner.export import export_table, write_table
 
     path = args.db or default_path()
     try:
@@ -77,8 +77,8 @@ def cmd_export(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    from kernels.dispatch import TableError
-    from tuner.export import diff_tables, diff_text, read_table
+    from drafter_attn.kernels.dispatch import TableError
+    from drafter_attn.tuner.export import diff_tables, diff_text, read_table
 
     try:
         a, b = read_table(args.a), read_table(args.b)
@@ -97,7 +97,7 @@ def cmd_diff(args) -> int:
 
 
 def cmd_predict(args) -> int:
-    from tuner.predict import DatasheetError, load_datasheets, predict
+    from drafter_attn.tuner.predict import DatasheetError, load_datasheets, predict
 
     try:
         if args.list:
@@ -124,8 +124,8 @@ def cmd_predict(args) -> int:
 
 
 def cmd_auto(args) -> int:
-    from kernels.auto import Deployment, recommend
-    from kernels.dispatch import TableError, load_entries
+    from drafter_attn.kernels.auto import Deployment, recommend
+    from drafter_attn.kernels.dispatch import TableError, load_entries
 
     try:
         d = Deployment(args.preset, args.page, args.max_ctx, args.concurrency, args.prefix_hit,
@@ -158,7 +158,7 @@ def cmd_auto(args) -> int:
 
 
 def cmd_rounding(args) -> int:
-    from kernels.auto import page_rounding, page_rounding_text
+    from drafter_attn.kernels.auto import page_rounding, page_rounding_text
 
     try:
         stats = page_rounding(args.hits, args.pages)

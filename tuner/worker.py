@@ -20,8 +20,8 @@ import os
 import signal
 import sys
 
-MEASURE = "tuner.measure:measure_candidate"
-FINGERPRINT = "tuner.env:fingerprint"
+MEASURE = "drafter_attn.tuner.measure:measure_candidate"
+FINGERPRINT = "drafter_attn.tuner.env:fingerprint"
 
 
 def resolve(path: str):
