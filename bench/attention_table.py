@@ -1,12 +1,16 @@
-"""One drafter layer's attention, paged (several page sizes) against arena against FlashInfer fa2,
-over batches and context lengths, with the copy roofline measured in the same run.
+"""One drafter layer's attention, paged (several page sizes) against arena against the baselines,
+over batches and context lengths, with the copy roofline and the read floor measured in the same run.
 
-    python -m drafter_attn.bench.attention_table --preset qwen3-8b-dflash-b16 --batch 1,8,32 --ctx 2k,8k,32k \
-        --page 16,64,128 --impl cupy --baseline flashinfer --out results/sm90-attention
+    python -m drafter_attn.bench.attention_table --preset qwen3-8b-dflash-b16 --batch 1,8,32 \\
+        --ctx 2k,8k,32k --page 16,64,128 --impl cupy --baseline auto --out results/sm90-attention
 
-Every kernel is first checked against the torch reference on the same random inputs (output
-poisoned with NaN), then timed: CUDA graph replays, CUDA events, L2 flushed before each replay.
-Prints a table and writes attention.csv / attention.json / attention.md under --out.
+Each kernel point is a one-layer decode step measured by tuner.measure, exactly as `tuner sweep`
+and `bench decode` measure (checked against the torch reference first, then CUDA graph replays,
+L2 flushed, the attention and store halves timed alone), and recorded in the profile database.
+The table shows the attention half beside the read floor of the attention's own bytes. The
+baselines (kernels.baselines: flashinfer-fa2, flashinfer-fa2-graph, trtllm-xqa) are measured by
+tuner.measure.measure_baseline. Prints a table and writes attention.csv (after every row),
+attention.json and attention.md under --out.
 """
 
 from __future__ import annotations
@@ -14,180 +18,196 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
-import subprocess
+import sys
+import uuid
 from pathlib import Path
 
 import pandas as pd
-import torch
 
-from drafter_attn.kernels import reference, registry
-from drafter_attn.kernels.cache import random_arena_context, random_paged_context
+from drafter_attn.bench.options import sizes
+from drafter_attn.tuner.sizes import parse_size
+from drafter_attn.kernels import baselines, registry
 from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
-from drafter_attn.tuner import roofline
-from drafter_attn.tuner.timing import time_step
+from drafter_attn.kernels.spec import Problem
+
+COLUMNS = ("impl", "layout", "page", "batch", "ctx", "attn_us", "read_floor_us", "x_floor",
+           "copy_floor_us", "p10_us", "p90_us", "over_arena", "rel_err", "status", "reason")
 
 
-def parse_sizes(text: str) -> list[int]:
-    """'2k,8k,32k' -> [2048, 8192, 32768]; plain integers pass through."""
+def _candidate(spec: str, geometry, layout: str, page: int | None, batch: int, ctx: int, preset: str):
+    from drafter_attn.tuner.spec import Candidate
+
+    name, params = registry.parse_spec(spec)
+    problem = Problem(geometry.with_(num_layers=1), layout, page, batch, ctx)
+    return Candidate(problem, name, tuple(sorted(params.items())), None, preset)
+
+
+def measure_kernel(spec: str, geometry, layout: str, page: int | None, batch: int, ctx: int, *,
+                   reps: int, preset: str, record) -> dict:
+    """One kernel point: a one-layer step through tuner.measure, recorded; its attention half
+    beside the read floor of the attention's bytes."""
+    import torch
+
+    from drafter_attn.tuner import floors, roofline
+    from drafter_attn.tuner.measure import measure_candidate
+
+    cand = _candidate(spec, geometry, layout, page, batch, ctx, preset)
+    result = measure_candidate(cand.to_wire(), reps=reps)
+    record(cand, result)
+    row = dict(impl=spec, layout=layout, page=page or 0, batch=batch, ctx=ctx, status=result["status"],
+               reason=result.get("reason"), rel_err=result.get("rel_err"))
+    if result.get("attention_median_us") is not None:  # ok, or a timed diagnostic variant
+        attn = result["attention_median_us"]
+        nbytes = roofline.attention_bytes(geometry, [ctx] * batch, geometry.torch_dtype.itemsize, page)
+        floor = floors.read_floor(nbytes).median_us
+        row.update(attn_us=attn, p10_us=result["attention_p10_us"], p90_us=result["attention_p90_us"],
+                   read_floor_us=floor, x_floor=attn / floor, bytes=nbytes,
+                   copy_floor_us=nbytes / roofline.copy_bandwidth() * 1e6)
+    torch.cuda.empty_cache()
+    return row
+
+
+def measure_base(name: str, geometry, page: int, batch: int, ctx: int, *, reps: int, preset: str,
+                 seed: int, record) -> dict:
+    from drafter_attn.tuner.measure import measure_baseline
+    from drafter_attn.tuner.spec import Candidate
+
+    result = measure_baseline(name, geometry, page, batch, ctx, reps=reps, seed=seed)
+    cand = Candidate(Problem(geometry.with_(num_layers=1), "paged", page, batch, ctx), name, (), None, preset)
+    record(cand, result)
+    row = dict(impl=name, layout="paged", page=page, batch=batch, ctx=ctx, status=result["status"],
+               reason=result.get("reason"))
+    if result["status"] == "ok":
+        row.update(attn_us=result["median_us"], p10_us=result["p10_us"], p90_us=result["p90_us"],
+                   read_floor_us=result["read_floor_us"], x_floor=result["median_us"] / result["read_floor_us"],
+                   bytes=result["bytes_moved"],
+                   copy_floor_us=result["bytes_moved"] / (result["copy_bandwidth_gbs"] * 1e3))
+    return row
+
+
+def with_overheads(df: pd.DataFrame) -> pd.DataFrame:
+    """Paged over arena (same impl, batch, context), for the kernels (baselines have no arena)."""
+    if "attn_us" not in df:
+        return df
+    arena = df[df.layout == "arena"].set_index(["impl", "batch", "ctx"])["attn_us"]
+    df["over_arena"] = [r.attn_us / arena.get((r.impl, r.batch, r.ctx), float("nan"))
+                        if r.layout == "paged" and not baselines.is_baseline(r.impl) else float("nan")
+                        for r in df.itertuples()]
+    return df
+
+
+def shapes(text: str) -> list[tuple[int, int]]:
+    """'1x2k,8x32k' -> [(1, 2048), (8, 32768)]."""
     out = []
-    for part in text.split(","):
-        part = part.strip().lower()
-        if not part:
-            continue
-        mult = 1
-        if part[-1] in "km":
-            mult = 1024 if part[-1] == "k" else 1024 * 1024
-            part = part[:-1]
-        out.append(int(float(part) * mult))
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        batch, x, ctx = part.lower().partition("x")
+        if not x:
+            raise argparse.ArgumentTypeError(f"{part!r} is not BATCHxCONTEXT (e.g. 8x32k)")
+        try:
+            out.append((parse_size(batch), parse_size(ctx)))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{part!r}: {exc}") from None
     return out
 
 
-def parse_impl(spec: str):
-    """'cupy' or 'cupy:tile_n=128,stages=2' -> (label, backend bound to those params)."""
-    return spec, registry.from_spec(spec)
-
-
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    if not torch.isfinite(out).all():
-        return float("inf")
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
-
-
-def measure_attention(impl_name: str, geometry, layout: str, page: int | None, batch: int,
-                      ctx: int, seed: int, copy_bw: float, reps: int) -> dict:
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    g = geometry
-    dtp = g.torch_dtype
-    dev = "cuda"
-    lens = [ctx] * batch
-    q = torch.randn(batch, g.block_size, g.num_q_heads, g.head_dim, device=dev, dtype=dtp)
-    kb = torch.randn(batch, g.block_size, g.num_kv_heads, g.head_dim, device=dev, dtype=dtp)
-    vb = torch.randn_like(kb)
-    impl_name, impl = parse_impl(impl_name)
-    kw = dict(mask=g.mask, window=g.window)
-    if layout == "paged":
-        cache = random_paged_context(g, lens, page, dev, gen)
-        fn = lambda: impl.paged_attention(q, kb, vb, *cache, **kw)  # noqa: E731
-        ref = reference.paged_attention(q, kb, vb, *cache, **kw)
-    else:
-        cache = random_arena_context(g, lens, ctx, dev, gen, extra_slots=0)
-        fn = lambda: impl.arena_attention(q, kb, vb, *cache, **kw)  # noqa: E731
-        ref = reference.arena_attention(q, kb, vb, *cache, **kw)
-    torch.full_like(q, float("nan"))  # poison the block the output will reuse
-    err = _rel_err(fn(), ref)
-    del ref
-    t = time_step(fn, reps=reps)
-    nbytes = roofline.attention_bytes(g, lens, q.element_size(), page)
-    return dict(impl=impl_name, layout=layout, page=page or 0, batch=batch, ctx=ctx,
-                rel_err=err, bytes=nbytes, **t.as_dict(),
-                gbps=nbytes / t.median_us / 1e3, roofline_frac=nbytes / t.median_us * 1e6 / copy_bw,
-                floor_us=nbytes / copy_bw * 1e6)
-
-
-def measure_flashinfer(geometry, page: int, batch: int, ctx: int, seed: int, copy_bw: float,
-                       reps: int) -> dict:
-    from drafter_attn.kernels.baselines import FlashInferPaged
-
-    base = FlashInferPaged(geometry, page, [ctx] * batch, "cuda",
-                           torch.Generator().manual_seed(seed))
-    t = time_step(base.run, reps=reps)
-    nbytes = roofline.attention_bytes(geometry, [ctx] * batch, 2, page)
-    return dict(impl="flashinfer-fa2", layout="paged", page=page, batch=batch, ctx=ctx,
-                rel_err=float("nan"), bytes=nbytes, **t.as_dict(),
-                gbps=nbytes / t.median_us / 1e3, roofline_frac=nbytes / t.median_us * 1e6 / copy_bw,
-                floor_us=nbytes / copy_bw * 1e6)
-
-
-def environment() -> dict:
-    props = torch.cuda.get_device_properties(0)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=False).stdout.strip() or "unknown"
-    except OSError:
-        commit = "unknown"
-    return dict(gpu=props.name, sm=props.major * 10 + props.minor, sms=props.multi_processor_count,
-                torch=torch.__version__, cuda=torch.version.cuda, host=platform.node(),
-                date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), commit=commit)
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="python -m drafter_attn.bench.attention_table", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default=MAIN_PRESET)
-    ap.add_argument("--batch", type=parse_sizes, default=[1, 8, 32])
-    ap.add_argument("--ctx", type=parse_sizes, default=parse_sizes("2k,8k,32k"))
-    ap.add_argument("--page", type=parse_sizes, default=[16, 64, 128])
+    ap.add_argument("--batch", type=sizes, default=[1, 8, 32])
+    ap.add_argument("--ctx", type=sizes, default=sizes("2k,8k,32k"))
+    ap.add_argument("--page", type=sizes, default=[16, 64, 128])
+    ap.add_argument("--shapes", type=shapes, default=None, metavar="BxCTX[,BxCTX]",
+                    help="measure these (batch, context) pairs instead of every --batch x --ctx, "
+                         "e.g. 1x2k,1x8k,8x8k,32x8k")
     ap.add_argument("--impl", default="cupy",
                     help="';'-separated registry names, each optionally with params: "
                          "'cupy;cupy:tile_n=128,stages=2'")
-    ap.add_argument("--baseline", default="flashinfer", help="'flashinfer' or 'none'")
-    ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--baseline", default="auto",
+                    help="'auto' (every baseline installed that takes the geometry), 'none', or a "
+                         f"comma list of {', '.join(baselines.NAMES)}")
+    ap.add_argument("--reps", type=int, default=0, help="timed replays per timing (0: from the step's length)")
+    ap.add_argument("--db", default=None, metavar="PATH", help="profile database to record into "
+                    "(default: as tuner: $DRAFTER_DB, else the checkout's profiles/profile.db)")
     ap.add_argument("--out", default=None, help="folder for CSV/JSON/markdown")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
+
+def baseline_names(option: str, geometry) -> list[str]:
+    if option == "none":
+        return []
+    names = list(baselines.NAMES) if option == "auto" else [n.strip() for n in option.split(",") if n.strip()]
+    unknown = [n for n in names if n not in baselines.NAMES]
+    if unknown:
+        raise SystemExit(f"--baseline: unknown {unknown} (known: {', '.join(baselines.NAMES)})")
+    return [n for n in names if baselines.reason(n, geometry, 128) is None or option != "auto"]
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from drafter_attn.bench import decode
+    from drafter_attn.tuner import floors, roofline
+    from drafter_attn.tuner.db import ProfileDB
+    from drafter_attn.tuner.env import fingerprint
+    from drafter_attn.tuner.sweep import result_row
+
+    args = parse_args(argv)
     geometry = get_preset(args.preset)
-    copy_bw = roofline.copy_bandwidth()
-    env = environment() | dict(copy_bw_gbps=copy_bw / 1e9, preset=args.preset)
-    print(f"{env['gpu']} sm{env['sm']}: copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write)")
-    rows = []
-    seed = 0
+    names = baseline_names(args.baseline, geometry)
+    env = fingerprint()
+    sm = env.get("sm")
+    meta = dict(env, copy_bw_gbps=roofline.copy_bandwidth() / 1e9, graph_fixed_us=floors.empty_graph_us(),
+                preset=args.preset, commit=decode.git_commit(),
+                command=" ".join(["python -m drafter_attn.bench.attention_table", *(argv or sys.argv[1:])]),
+                date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    print(f"{meta['gpu_name']} sm{sm}: copy {meta['copy_bw_gbps']:.0f} GB/s (read+write); timing method's "
+          f"fixed cost (one-kernel graph) {meta['graph_fixed_us']:.2f} us", flush=True)
     out = Path(args.out) if args.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    sweep_id = f"attention-table-{dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+    with ProfileDB(args.db) as db:
+        env_id = db.add_environment(env)
+        print(f"recording into {db.path}", flush=True)
 
-    def record(row: dict) -> None:
-        # every row reaches the disk at once: a run cut short keeps what it measured
-        rows.append(row)
-        print(row, flush=True)
-        if out:
-            pd.DataFrame(rows).to_csv(out / "attention.csv", index=False)
-        torch.cuda.empty_cache()
+        def record(cand, result) -> None:
+            db.add_result(result_row(cand, decode.baseline_db_result(result) if baselines.is_baseline(cand.impl)
+                                     else result, env_id, sweep_id, "attention-table"))
 
-    for batch in args.batch:
-        for ctx in args.ctx:
-            for impl in args.impl.split(";"):
+        def keep(row: dict) -> None:  # every row reaches the disk at once
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "reason" or v}, default=str), flush=True)
+            if out:
+                pd.DataFrame(rows).to_csv(out / "attention.csv", index=False)
+
+        seed = 0
+        for batch, ctx in args.shapes or [(b, c) for b in args.batch for c in args.ctx]:
+            for spec in args.impl.split(";"):
                 for page in [*args.page, None]:
-                    seed += 1
-                    layout = "paged" if page else "arena"
-                    try:
-                        row = measure_attention(impl, geometry, layout, page, batch, ctx, seed,
-                                                copy_bw, args.reps)
-                    except Exception as exc:  # record and go on: one failure must not end the table
-                        row = dict(impl=impl, layout=layout, page=page or 0, batch=batch, ctx=ctx,
-                                   error=repr(exc)[:300])
-                    record(row)
-            if args.baseline == "flashinfer" and geometry.mask == "full":
+                    keep(measure_kernel(spec, geometry, "paged" if page else "arena", page, batch, ctx,
+                                        reps=args.reps, preset=args.preset, record=record))
+            for name in names:
                 for page in args.page:
-                    try:
-                        row = measure_flashinfer(geometry, page, batch, ctx, seed, copy_bw,
-                                                 args.reps)
-                    except Exception as exc:
-                        row = dict(impl="flashinfer-fa2", layout="paged", page=page, batch=batch,
-                                   ctx=ctx, error=repr(exc)[:300])
-                    record(row)
-    df = pd.DataFrame(rows)
-    if "median_us" in df:
-        arena = df[df.layout == "arena"].set_index(["impl", "batch", "ctx"])["median_us"]
-        df["over_arena"] = [
-            r.median_us / arena.get((r.impl, r.batch, r.ctx), float("nan"))
-            if r.layout == "paged" and r.impl != "flashinfer-fa2" else float("nan")
-            for r in df.itertuples()]
-    cols = [c for c in ("impl", "layout", "page", "batch", "ctx", "median_us", "p10_us", "p90_us",
-                        "floor_us", "gbps", "roofline_frac", "over_arena", "rel_err", "error")
-            if c in df]
-    table = df[cols]
+                    if baselines.reason(name, geometry, page, sm) is None:
+                        seed += 1
+                        keep(measure_base(name, geometry, page, batch, ctx, reps=args.reps,
+                                          preset=args.preset, seed=seed, record=record))
+            torch.cuda.empty_cache()
+    df = with_overheads(pd.DataFrame(rows))
+    table = df[[c for c in COLUMNS if c in df and c != "reason"]]
     print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     if out:
         df.to_csv(out / "attention.csv", index=False)
-        (out / "attention.json").write_text(json.dumps(dict(environment=env,
-                                                            rows=df.to_dict("records")), indent=1,
-                                                       default=str))
+        (out / "attention.json").write_text(json.dumps(dict(environment=meta, rows=df.to_dict("records")),
+                                                       indent=1, default=str))
         (out / "attention.md").write_text(
-            f"# {args.preset} attention, {env['gpu']} (sm{env['sm']}), {env['date']}\n\n"
-            f"copy bandwidth {copy_bw / 1e9:.0f} GB/s, commit {env['commit']}\n\n"
-            f"`python -m drafter_attn.bench.attention_table {' '.join(argv or os.sys.argv[1:])}`\n\n"
+            f"# {args.preset} attention, {meta['gpu_name']} (sm{sm}), {meta['date']}\n\n"
+            f"copy bandwidth {meta['copy_bw_gbps']:.0f} GB/s, timing fixed cost {meta['graph_fixed_us']:.2f} us, "
+            f"commit {meta['commit']}\n\n`{meta['command']}`\n\n"
+            "attn_us: one layer's attention (median of graph replays, cold L2); read_floor_us: a streaming "
+            "read of the same bytes timed the same way; x_floor = attn_us / read_floor_us.\n\n"
             + table.to_markdown(index=False, floatfmt=".4g") + "\n")
     return 0
 

@@ -2,7 +2,7 @@
 
     bench decode  [--sm N] [--page 64,128] [--preset NAME | --heads 32/8 --head-dim 128 ...]
                   [--batch 1,8,32] [--ctx 2k,8k,32k] [--accepted 3.4] [--impl auto]
-                  [--baseline auto|flashinfer|none] [--context-chunk 2k] [--db PATH] [--out DIR]
+                  [--baseline auto|none|flashinfer|NAME,...] [--context-chunk 2k] [--db PATH] [--out DIR]
     bench prefill [--chunk 2k] [--ctx 0,8k] ...    the context step: a prompt chunk stored
     bench memory  [--preset NAME] [--max-ctx 1M] [--concurrency 16] [--ctx ...] [--page ...]
     bench report  [--db PATH] [--sm N] [--preset NAME] [--out DIR]
@@ -64,6 +64,9 @@ def _measure_options(p: argparse.ArgumentParser, defaults: dict) -> None:
     p.add_argument("--out", default=None, metavar="DIR",
                    help="folder for the CSV/JSON/PNG (default: results/sm<SM>-<YYYY-MM-DD>/; files of an "
                         "earlier run there are replaced)")
+    p.add_argument("--wide", action="store_true",
+                   help="print every column (p10-p90, store, read floor, GB/s, copy roofline, rel err); "
+                        "the CSV and JSON always hold all of them")
     opt.add_geometry_options(p)
 
 
@@ -79,14 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="drafter decode step, paged against arena, on the GPU at hand",
         description="The drafter's whole decode step (every layer: the store of the accepted rows, a "
                     "fixed Qb rows per request with a device-side valid count, then the attention), "
-                    "captured in a CUDA graph; paged (each --page) against arena, FlashInfer beside when "
+                    "captured in a CUDA graph; paged (each --page) against arena, the baselines beside when "
                     f"installed. Default: {MAIN_PRESET} at pages 64 and 128 against arena.")
     _measure_options(d, DECODE_DEFAULTS)
     d.add_argument("--accepted", type=opt.non_negative_float, default=None, metavar="A",
                    help="mean accepted tokens per request: a step stores A + 1 rows (default: all Qb rows)")
-    d.add_argument("--baseline", choices=("auto", "flashinfer", "none"), default="auto",
-                   help="FlashInfer fa2 beside (attention only, one layer x layers); auto: when installed "
-                        "and the mask is full")
+    d.add_argument("--baseline", type=opt.baseline_option, default="auto", metavar="auto|none|flashinfer|NAME[,NAME]",
+                   help="baselines beside (attention only, one layer x layers): flashinfer-fa2 (per-shape "
+                        "plan), flashinfer-fa2-graph (CUDA-graph plan), trtllm-xqa; 'flashinfer' is the "
+                        "first two; auto: every one installed that takes the geometry")
     d.add_argument("--context-chunk", type=opt.chunks, default=[], metavar="N[,N...]",
                    help="also measure the context step (a prompt chunk of N rows stored per request)")
     d.add_argument("--nsys", action="store_true", help="also count host syncs under Nsight Systems (needs nsys)")
@@ -159,14 +163,15 @@ def cmd_measure(args, argv) -> int:
         raise BenchError(f"{command}: {exc}") from None
     console = Console()
     if not console.is_terminal:
-        console = Console(width=220)
+        console = Console(width=220 if args.wide else 120)
 
     def echo(text: str) -> None:  # plain text: a reason like "[at x.cu:12]" is not markup
-        console.print(escape(text))
+        console.print(escape(text), soft_wrap=True)
 
     try:
         env = decode.gpu_environment(gpu)
-        baseline = f" + {len(p.batches) * len(p.ctxs) * len(p.pages)} FlashInfer baseline rows" if p.baseline else ""
+        base_jobs = p.baseline_jobs(env.get("sm"))
+        baseline = f" + {len(base_jobs)} baseline rows ({', '.join(p.baselines)})" if base_jobs else ""
         console.print(f"[bold]{command}[/]: " + escape(f"{gpu.describe()}, driver {env.get('driver')}; {label} "
                                                       f"({opt.describe(geometry)}); {len(p.jobs)} steps{baseline}"))
         echo(f"recording into {db.path}")
@@ -177,7 +182,7 @@ def cmd_measure(args, argv) -> int:
         db.close()
     meta = decode.run_metadata(env, argv)
     title = f"{command}: {label} on {gpu.name} (SM {gpu.sm}), {meta['date'][:10]}"
-    output.print_table(rows, title, console)
+    output.print_table(rows, title, console, wide=args.wide)
     summary = decode.summary_lines(rows)
     for line in summary:
         echo(line)

@@ -5,9 +5,10 @@ Qb rows per request with a device-side valid count) followed by the drafter atte
 a CUDA graph. A context step (bench.steps.ContextStep) stores a prompt chunk instead. Each
 (step, impl, layout, page size, batch, context) is measured by tuner.measure (correctness against
 the reference first, then graph replays: latency median/p10/p90, the attention and store split,
-roofline, memory, host syncs) and written to the profile database at once; FlashInfer, when it is
-installed and the mask is `full`, runs beside as a baseline (attention only: one layer measured,
-times the layer count for the step).
+roofline and read floor, memory, host syncs) and written to the profile database at once. The
+baselines (kernels.baselines: FlashInfer fa2 with its per-shape plan and with its CUDA-graph plan,
+TensorRT-LLM's XQA), when installed and when they take the geometry, run beside (attention only:
+one layer measured, times the layer count for the step).
 
 `plan()` turns options into jobs (no GPU needed); `execute()` measures them with injectable
 measure functions (the CPU tests pass fakes); `finish()` adds the paged-over-arena overhead and
@@ -31,7 +32,6 @@ from drafter_attn.bench import memory as kvmem
 from drafter_attn.bench.options import BenchError
 
 DECODE, CONTEXT = "decode", "context"
-BASELINE_IMPL = "flashinfer-fa2"
 FALLBACK_IMPL = "cupy"
 
 
@@ -59,7 +59,7 @@ class Plan:
     steps: list[tuple[str, int | None]]  # (DECODE, None) and/or (CONTEXT, chunk)
     accepted: float | None  # mean accepted tokens per request (user's figure)
     rows_stored: float | None  # rows a decode step stores per request: accepted + 1 (None: Qb)
-    baseline: bool
+    baselines: list[str]  # kernels.baselines names to run beside
     reps: int = 0
     nsys: bool = False
     concurrency: int | None = None  # None: each row's batch
@@ -68,17 +68,24 @@ class Plan:
     jobs: list[Job] = field(default_factory=list)
     interrupted: bool = False  # set by execute() on Ctrl-C: the rows so far are kept
 
+    def baseline_jobs(self, sm: int | None = None) -> list[tuple[str, int, int, int]]:
+        """(baseline, batch, ctx, page) for every page size each baseline takes."""
+        from drafter_attn.kernels import baselines
+
+        return [(name, b, c, s) for name in self.baselines for b in self.batches for c in self.ctxs
+                for s in self.pages if baselines.reason(name, self.geometry, s, sm) is None]
+
     @property
     def total(self) -> int:
         """Rows a full run gives: the jobs and the baseline rows."""
-        return len(self.jobs) + (len(self.batches) * len(self.ctxs) * len(self.pages) if self.baseline else 0)
+        return len(self.jobs) + len(self.baseline_jobs())
 
     def settings(self) -> dict:
         """JSON-able description of what was asked."""
         return dict(command=self.command, preset=self.label, geometry=asdict(self.geometry),
                     pages=self.pages, batches=self.batches, ctxs=self.ctxs, impls=self.impls,
                     steps=[dict(step=s, chunk=c) for s, c in self.steps], accepted=self.accepted,
-                    rows_stored=self.rows_stored, baseline=self.baseline, reps=self.reps,
+                    rows_stored=self.rows_stored, baselines=self.baselines, reps=self.reps,
                     nsys=self.nsys, concurrency=self.concurrency, max_ctx=self.max_ctx, notes=self.notes)
 
 
@@ -99,27 +106,30 @@ def rows_stored_for(accepted: float | None, block_size: int) -> float | None:
     return float(accepted) + 1
 
 
-def baseline_wanted(option: str, geometry) -> tuple[bool, str | None]:
-    """(run FlashInfer?, note). 'auto': when installed and the mask is full; 'flashinfer': must
-    be possible (BenchError otherwise); 'none': never."""
-    from drafter_attn.kernels.baselines import flashinfer_available
+def baselines_wanted(option: str, geometry) -> tuple[list[str], list[str]]:
+    """(baseline names to run, notes). `auto`: every baseline installed that takes the geometry;
+    `flashinfer`: FlashInfer fa2 in both plans; a comma list of names (kernels.baselines.NAMES);
+    `none`. A baseline named explicitly must be able to run (BenchError otherwise)."""
+    from drafter_attn.kernels import baselines
 
     if option == "none":
-        return False, None
-    installed = flashinfer_available()
-    if option == "flashinfer":
-        if not installed:
-            raise BenchError("--baseline flashinfer: FlashInfer is not installed here (pip install "
-                             "flashinfer-python), or pass --baseline none")
-        if geometry.mask != "full":
-            raise BenchError(f"--baseline flashinfer covers mask 'full' only; this geometry's mask is "
-                             f"{geometry.mask!r}: pass --baseline none")
-        return True, None
-    if not installed:
-        return False, "baseline: FlashInfer is not installed, so no baseline rows (pip install flashinfer-python)"
-    if geometry.mask != "full":
-        return False, f"baseline: FlashInfer covers mask 'full' only (this geometry: {geometry.mask}); no baseline rows"
-    return True, None
+        return [], []
+    if option == "auto":
+        names, notes = [], []
+        for name in baselines.NAMES:
+            why = baselines.reason(name, geometry, page_size=max(baselines.XQA_PAGE_SIZES))
+            if why:
+                notes.append(f"baseline {name}: {why}; no rows")
+            else:
+                names.append(name)
+        return names, notes
+    names = [baselines.FA2, baselines.FA2_GRAPH] if option == "flashinfer" else \
+        [n.strip() for n in option.split(",") if n.strip()]
+    for name in names:
+        why = baselines.reason(name, geometry, page_size=max(baselines.XQA_PAGE_SIZES))
+        if why:
+            raise BenchError(f"--baseline {option}: {why}; or pass --baseline none")
+    return names, []
 
 
 def check_impls(impls: list[str]) -> list[str]:
@@ -141,11 +151,10 @@ def plan(command: str, geometry, label: str, preset: str | None, *, pages, batch
     steps = ([(DECODE, None)] if decode else []) + [(CONTEXT, c) for c in context_chunks]
     if not steps:
         raise BenchError("nothing to measure: no decode step and no context chunk")
-    want_base, note = baseline_wanted(baseline, geometry) if decode else (False, None)
+    names, notes = baselines_wanted(baseline, geometry) if decode else ([], [])
     p = Plan(command, geometry, label, preset, list(pages), list(batches), list(ctxs), impls, steps,
-             accepted, rows, want_base, reps, nsys, concurrency, max_ctx)
-    if note:
-        p.notes.append(note)
+             accepted, rows, names, reps, nsys, concurrency, max_ctx)
+    p.notes.extend(notes)
     for step, chunk in steps:
         room = geometry.block_size if step == DECODE else chunk
         if max_ctx is not None and max(ctxs) + room > max_ctx:
@@ -215,62 +224,11 @@ def resolve_impl(option: str, problem, *, dispatcher=None, dispatcher_note: str 
 # Measuring
 
 
-def measure_flashinfer(geometry, page: int, batch: int, ctx: int, *, reps: int = 0, seed: int = 0) -> dict:
-    """FlashInfer fa2 over the same paged context: ONE layer's attention (no store), measured as
-    the decode step is (graph replays, cold L2), with its host syncs. Never raises."""
-    import time
-
-    import torch
-
-    from drafter_attn.tuner.measure import failure
-    from drafter_attn.kernels.baselines import FlashInferPaged
-    from drafter_attn.tuner import roofline, syncs, timing
-    from drafter_attn.tuner.measure import choose_reps, roofline_row
-
-    t0 = time.perf_counter()
-    g1 = geometry.with_(num_layers=1)
-    row: dict = {}
-    base = graph = None
-    try:
-        base = FlashInferPaged(g1, page, [ctx] * batch, "cuda", torch.Generator().manual_seed(seed))
-        graph = timing.capture(base.run)
-        if not reps:
-            reps = choose_reps(timing.time_graph(graph, reps=5, warmup=2).median_us)
-        first = timing.time_graph(graph, reps=reps)
-        second = timing.time_graph(graph, reps=reps)
-        del graph
-        nbytes = roofline.attention_bytes(g1, [ctx] * batch, g1.torch_dtype.itemsize, page)
-        report = syncs.detect_syncs(base.run, graph=False)
-        report.notes[:] = [n for n in report.notes if not n.startswith("nsys layer")]
-        report.notes.append("FlashInfer fa2 baseline: one layer's attention, no store")
-        row = dict(median_us=first.median_us, p10_us=first.p10_us, p90_us=first.p90_us,
-                   mean_us=first.mean_us, min_us=first.min_us, count=first.count,
-                   repeat_median_us=second.median_us, l2_flushed=True,
-                   attention_median_us=first.median_us, attention_p10_us=first.p10_us,
-                   attention_p90_us=first.p90_us, kv_bytes=base.kv_bytes,
-                   **roofline_row(first.median_us, nbytes, roofline.copy_bandwidth()),
-                   **report.as_row(), status="ok", reason=None)
-        row["graph_capturable"] = True
-    except Exception as exc:
-        status, reason = failure(exc)
-        row = dict(status=status, reason=reason)
-    finally:
-        base = graph = None
-        try:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()  # its 256 MiB workspace and pages, before the next row
-        except Exception as exc:
-            if row.get("status") == "ok":
-                row.update(status="failed_runtime", reason=f"{type(exc).__name__}: {exc}")
-    row["elapsed_s"] = time.perf_counter() - t0
-    return row
-
-
 def default_measures():
     from drafter_attn.bench.steps import measure_context
-    from drafter_attn.tuner.measure import measure_candidate
+    from drafter_attn.tuner.measure import measure_baseline, measure_candidate
 
-    return measure_candidate, measure_context, measure_flashinfer
+    return measure_candidate, measure_context, measure_baseline
 
 
 def sync_count(row: dict) -> int | None:
@@ -295,9 +253,7 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
         measure_baseline = measure_baseline or d_base
     env_id = db.add_environment(env)
     sweep_id = sweep_id or f"bench-{p.command}-{dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
-    base_jobs = []
-    if p.baseline:
-        base_jobs = [(b, c, s) for b in p.batches for c in p.ctxs for s in p.pages]
+    base_jobs = p.baseline_jobs(env.get("sm"))
     total = len(p.jobs) + len(base_jobs)
     rows = []
     dispatcher, dispatcher_note = (load_dispatcher(str(db.path)) if "auto" in p.impls else (None, ""))
@@ -329,11 +285,10 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
             row = _output_row(p, job, cand, result, note)
             rows.append(row)
             echo(f"[{n}/{total}] {_describe(row)}")
-        for n, (batch, ctx, page) in enumerate(base_jobs, len(p.jobs) + 1):
+        for n, (name, batch, ctx, page) in enumerate(base_jobs, len(p.jobs) + 1):
             g1 = p.geometry.with_(num_layers=1)
-            cand = Candidate(Problem(g1, "paged", page, batch, ctx), BASELINE_IMPL, (("backend", "fa2"),),
-                             None, p.preset)
-            result = measure_baseline(p.geometry, page, batch, ctx, reps=p.reps)
+            cand = Candidate(Problem(g1, "paged", page, batch, ctx), name, (), None, p.preset)
+            result = measure_baseline(name, p.geometry, page, batch, ctx, reps=p.reps)
             db.add_result(result_row(cand, baseline_db_result(result), env_id, sweep_id, "bench"))
             row = _baseline_row(p, cand, result)
             rows.append(row)
@@ -377,7 +332,7 @@ def _baseline_row(p: Plan, cand, result: dict) -> dict:
     """The baseline in step terms: one layer's attention times the layer count (no store)."""
     L = p.geometry.num_layers
     pr = cand.problem
-    row = dict(step=DECODE, chunk=None, preset=p.label, impl_option="flashinfer", impl=BASELINE_IMPL,
+    row = dict(step=DECODE, chunk=None, preset=p.label, impl_option=cand.impl, impl=cand.impl,
                params=json.dumps(cand.params_dict, sort_keys=True),
                impl_note=f"baseline: attention only, 1 layer measured x {L} layers, no store",
                layout="paged", page_size=pr.page_size, batch=pr.batch, ctx=pr.ctx_len, accepted=None,
@@ -402,11 +357,13 @@ def _describe(row: dict) -> str:
 def finish(p: Plan, rows: list[dict]) -> list[dict]:
     """Add the paged-over-arena overhead (percent, same step/impl/batch/ctx) and the KV memory
     model of the configured concurrency and max context to every row."""
+    from drafter_attn.kernels import baselines
+
     arena = {(r["step"], r["chunk"], r["impl_option"], r["batch"], r["ctx"]): r["median_us"]
              for r in rows if r["layout"] == "arena" and r.get("status") == "ok"}
     for r in rows:
         r["overhead_pct"] = None
-        if r["layout"] == "paged" and r.get("status") == "ok" and r["impl"] != BASELINE_IMPL:
+        if r["layout"] == "paged" and r.get("status") == "ok" and not baselines.is_baseline(r["impl"]):
             a = arena.get((r["step"], r["chunk"], r["impl_option"], r["batch"], r["ctx"]))
             if a:
                 r["overhead_pct"] = (r["median_us"] / a - 1) * 100

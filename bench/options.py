@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from drafter_attn.bench.attention_table import parse_sizes
+from drafter_attn.tuner.sizes import parse_size
 
 
 class BenchError(Exception):
@@ -21,9 +21,6 @@ class BenchError(Exception):
         self.exit_code = exit_code
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
-
-
 def sizes(text: str, *, what: str = "sizes", minimum: int = 1, power_of_two: bool = False) -> list[int]:
     """'2k,8k,32k' -> [2048, 8192, 32768] (k = 1024, M = 1024 * 1024), each a whole number of at
     least `minimum` (and a power of two when asked), duplicates dropped, order kept."""
@@ -32,14 +29,10 @@ def sizes(text: str, *, what: str = "sizes", minimum: int = 1, power_of_two: boo
         raise argparse.ArgumentTypeError(f"expected comma-separated {what} like 2k,8k,32k; got {text!r}")
     out = []
     for part in parts:
-        m = _SIZE.match(part)
-        if not m:
-            raise argparse.ArgumentTypeError(
-                f"cannot read {part.strip()!r} as one of the {what}: expected a whole number, "
-                f"optionally with k (x1024) or M (x1048576), e.g. 128k or 1M")
-        (value,) = parse_sizes(part)
-        if float(m.group(1)) * {"": 1, "k": 1024, "m": 1 << 20}[m.group(2).lower()] != value:
-            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a whole number of {what}")
+        try:
+            value = parse_size(part)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{exc} (one of the {what})") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{what} must be at least {minimum}, got {part.strip()!r}")
         if power_of_two and value & (value - 1):
@@ -187,3 +180,16 @@ def describe(g) -> str:
     mask = g.mask if g.window is None else f"{g.mask}{g.window}"
     dt = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(g.dtype, g.dtype)
     return f"{g.num_q_heads}/{g.num_kv_heads} d{g.head_dim} b{g.block_size} {mask} L{g.num_layers} {dt}"
+
+
+def baseline_option(text: str) -> str:
+    """--baseline: auto, none, flashinfer (both FlashInfer plans), or a comma list of baselines."""
+    from drafter_attn.kernels.baselines import NAMES
+
+    if text in ("auto", "none", "flashinfer"):
+        return text
+    unknown = [n for n in (p.strip() for p in text.split(",")) if n and n not in NAMES]
+    if unknown or not text.strip(","):
+        raise argparse.ArgumentTypeError(f"unknown baseline {', '.join(unknown) or repr(text)}; expected auto, "
+                                         f"none, flashinfer or a comma list of {', '.join(NAMES)}")
+    return text

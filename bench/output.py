@@ -11,6 +11,10 @@ from pathlib import Path
 import pandas as pd
 
 from drafter_attn.bench.memory import fmt_bytes
+from drafter_attn.kernels.baselines import is_baseline
+
+# Line style of each baseline in the plots (colour follows the page size).
+BASELINE_DASH = {"flashinfer-fa2": "--", "flashinfer-fa2-graph": ":", "trtllm-xqa": "-."}
 
 # CSV column order (anything else a row carries follows).
 COLUMNS = (
@@ -63,12 +67,70 @@ def _ctx(n: int) -> str:
 
 
 def sort_key(r: dict):
-    base = r["impl"] == "flashinfer-fa2"
+    base = is_baseline(r["impl"])
     return (r["step"], r.get("chunk") or 0, r["batch"], r["ctx"], base, r["impl_option"],
             r["layout"] != "arena", r.get("page_size") or 0)
 
 
-def print_table(rows: list[dict], title: str, console=None) -> None:
+def _over(r: dict) -> str:
+    over = r.get("overhead_pct")
+    if not _num(over):
+        return "-"
+    style = "green" if abs(over) <= 1 else ("yellow" if over <= 5 else "red")
+    return f"[{style}]{over:+.2f}%[/]"
+
+
+def _syncs(r: dict) -> str:
+    syncs = r.get("syncs")
+    if r.get("status") != "ok":
+        return "-"
+    return "n/a" if syncs is None else (f"[red]{syncs}[/]" if syncs else "0")
+
+
+def _status(r: dict, width: int = 80) -> str:
+    from rich.markup import escape
+
+    if r.get("status") == "ok":
+        return "ok"
+    reason = str(r.get("reason") or "").strip().splitlines()
+    return f"[red]{escape(str(r.get('status')))}[/]" + (f": {escape(reason[0][:width])}" if reason else "")
+
+
+def _x_floor(r: dict) -> str:
+    """How far above the read floor of its own bytes a row is (1.00x = at the floor)."""
+    floor, median = r.get("read_floor_us"), r.get("median_us")
+    return f"{median / floor:.2f}x" if _num(floor) and _num(median) and floor > 0 else "-"
+
+
+# (header, justify, cell, view): view None shows in both tables, "wide" only with --wide, "narrow"
+# only without it. The default (narrow) set fits a 120-column terminal.
+TABLE_COLUMNS = (
+    ("step", "left", lambda r: r["step"] + (f" {_ctx(r['chunk'])}" if r.get("chunk") else ""), None),
+    ("impl", "left", lambda r: r["impl"] + (f" (attn x{r['layers']})" if r.get("scope", "step") != "step" else ""), None),
+    ("layout", "left", _layout, None),
+    ("B", "right", lambda r: str(r["batch"]), None),
+    ("ctx", "right", lambda r: _ctx(r["ctx"]), None),
+    ("median us", "right", lambda r: _f(r.get("median_us"), ".1f"), None),
+    ("p10-p90 us", "right", lambda r: f"{_f(r.get('p10_us'), '.1f')}-{_f(r.get('p90_us'), '.1f')}"
+     if r.get("status") == "ok" else "-", "wide"),
+    ("attn us", "right", lambda r: _f(r.get("attention_median_us"), ".1f"), None),
+    ("store us", "right", lambda r: _f(r.get("store_median_us"), ".1f"), "wide"),
+    ("vs arena", "right", _over, None),
+    ("x floor", "right", _x_floor, None),
+    ("read floor us", "right", lambda r: _f(r.get("read_floor_us"), ".1f"), "wide"),
+    ("syncs", "right", _syncs, None),
+    ("KV (model)", "right", lambda r: fmt_bytes(r["kv_model_bytes"]) if _num(r.get("kv_model_bytes")) else "-", None),
+    ("GB/s", "right", lambda r: _f(r.get("bandwidth_gbs"), ".0f"), "wide"),
+    ("copy roofline", "right", lambda r: _f(r.get("roofline_fraction"), ".2f"), "wide"),
+    ("rel err", "right", lambda r: _f(r.get("rel_err"), ".1e"), "wide"),
+    ("status", "left", lambda r: _status(r, 24), "narrow"),
+    ("status", "left", _status, "wide"),
+)
+
+
+def print_table(rows: list[dict], title: str, console=None, wide: bool = False) -> None:
+    """The rows as a rich table: the essentials (fits 120 columns), or every column with `wide`."""
+    from rich import box
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -76,37 +138,17 @@ def print_table(rows: list[dict], title: str, console=None) -> None:
     if console is None:
         console = Console()
         if not console.is_terminal:
-            console = Console(width=220)
-    t = Table(title=title, title_justify="left", show_lines=False, header_style="bold")
-    for name, justify in (("step", "left"), ("impl", "left"), ("layout", "left"), ("B", "right"),
-                          ("ctx", "right"), ("median us", "right"), ("p10-p90 us", "right"),
-                          ("attn us", "right"), ("store us", "right"), ("over arena", "right"),
-                          ("syncs", "right"), ("KV (model)", "right"), ("GB/s", "right"),
-                          ("roofline", "right"), ("rel err", "right"), ("status", "left")):
-        t.add_column(name, justify=justify, no_wrap=name not in ("status",))
+            console = Console(width=220 if wide else 120)
+    columns = [c for c in TABLE_COLUMNS if c[3] in (None, "wide" if wide else "narrow")]
+    t = Table(title=title, title_justify="left", show_lines=False, header_style="bold", box=box.SIMPLE_HEAD,
+              padding=(0, 1), pad_edge=False, collapse_padding=True,
+              caption="x floor: median over the read floor of the same bytes (1.00x = at the floor); "
+                      "--wide shows every column" if not wide else None, caption_justify="left")
+    for name, justify, _, _ in columns:
+        t.add_column(name, justify=justify, no_wrap=name not in ("status", "impl"),
+                     overflow="fold" if name == "impl" else "ellipsis")
     for r in sorted(rows, key=sort_key):
-        ok = r.get("status") == "ok"
-        step = r["step"] + (f" {_ctx(r['chunk'])}" if r.get("chunk") else "")
-        impl = escape(r["impl"] + (f" (attn x{r['layers']})" if r.get("scope", "step") != "step" else ""))
-        over = r.get("overhead_pct")
-        over_s = "-"
-        if _num(over):
-            style = "green" if abs(over) <= 1 else ("yellow" if over <= 5 else "red")
-            over_s = f"[{style}]{over:+.2f}%[/]"
-        syncs = r.get("syncs")
-        syncs_s = "n/a" if syncs is None else (f"[red]{syncs}[/]" if syncs else "0")
-        kv = r.get("kv_model_bytes")
-        status = "ok"
-        if not ok:
-            reason = str(r.get("reason") or "").strip().splitlines()
-            status = f"[red]{escape(str(r.get('status')))}[/]" + (f": {escape(reason[0][:80])}" if reason else "")
-        t.add_row(step, impl, _layout(r), str(r["batch"]), _ctx(r["ctx"]),
-                  _f(r.get("median_us"), ".1f"),
-                  f"{_f(r.get('p10_us'), '.1f')}-{_f(r.get('p90_us'), '.1f')}" if ok else "-",
-                  _f(r.get("attention_median_us"), ".1f"), _f(r.get("store_median_us"), ".1f"),
-                  over_s, syncs_s if ok else "-", fmt_bytes(kv) if _num(kv) else "-",
-                  _f(r.get("bandwidth_gbs"), ".0f"), _f(r.get("roofline_fraction"), ".2f"),
-                  _f(r.get("rel_err"), ".1e"), status)
+        t.add_row(*(escape(cell(r)) if name == "impl" else cell(r) for name, _, cell, _ in columns))
     console.print(t)
 
 
@@ -127,16 +169,17 @@ def write_json(rows: list[dict], meta: dict, settings: dict, path: Path, summary
 
 
 def series_label(r: dict) -> str:
-    if r["impl"] == "flashinfer-fa2":
-        return f"FlashInfer fa2 page {r['page_size']} (attention x{r['layers']})"
+    if is_baseline(r["impl"]):
+        return f"{r['impl']} page {r['page_size']} (attention x{r['layers']})"
     impl = r["impl_option"] if r["impl_option"] == r["impl"] else f"{r['impl_option']}->{r['impl']}"
     return f"{impl} {_layout(r)}"
 
 
 def _style(r: dict, pages: list, cmap) -> dict:
-    if r["impl"] == "flashinfer-fa2":
+    if is_baseline(r["impl"]):
         k = pages.index(r["page_size"]) if r["page_size"] in pages else 0
-        return dict(color=("tab:red", "tab:orange", "tab:pink", "tab:brown")[k % 4], linestyle="--", marker="x")
+        dash = BASELINE_DASH.get(r["impl"], "--")
+        return dict(color=("tab:red", "tab:orange", "tab:pink", "tab:brown")[k % 4], linestyle=dash, marker="x")
     if r["layout"] == "arena":
         return dict(color="black", linestyle="-", marker="s", linewidth=2)
     k = pages.index(r["page_size"])

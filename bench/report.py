@@ -18,10 +18,10 @@ from pathlib import Path
 import pandas as pd
 
 from drafter_attn.bench.options import BenchError
-from drafter_attn.bench.output import ctx_axis, save_figure
+from drafter_attn.bench.output import BASELINE_DASH, ctx_axis, save_figure
+from drafter_attn.kernels import baselines
 
 GEOM_COLS = ["num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window", "num_layers", "dtype"]
-BASELINE_IMPL = "flashinfer-fa2"
 
 
 def load(db_path, sm: int | None = None, preset: str | None = None) -> pd.DataFrame:
@@ -35,7 +35,8 @@ def load(db_path, sm: int | None = None, preset: str | None = None) -> pd.DataFr
         sql = ("SELECT r.*, r.id AS row_order, e.gpu_name, e.sm "
                "FROM results r JOIN environments e ON r.env_id = e.env_id "
                "WHERE r.status = 'ok' AND (r.median_us IS NOT NULL OR "
-               f"(r.impl = '{BASELINE_IMPL}' AND r.attention_median_us IS NOT NULL))")
+               f"(r.impl IN ({', '.join(repr(n) for n in baselines.NAMES)}) "
+               "AND r.attention_median_us IS NOT NULL))")
         args: list = []
         if sm is not None:
             sql += " AND e.sm = ?"
@@ -63,10 +64,10 @@ def load(db_path, sm: int | None = None, preset: str | None = None) -> pd.DataFr
 
 
 def _attach_baseline(df: pd.DataFrame) -> pd.DataFrame:
-    """FlashInfer rows are one layer's attention: copy them onto every drafter geometry of the
+    """Baseline rows are one layer's attention: copy them onto every drafter geometry of the
     same shape (same SM), scaled by its layer count."""
-    base = df[df["impl"] == BASELINE_IMPL]
-    ours = df[df["impl"] != BASELINE_IMPL]
+    is_base = df["impl"].map(baselines.is_baseline).astype(bool)
+    base, ours = df[is_base], df[~is_base]
     keys = [c for c in GEOM_COLS if c != "num_layers"]
     extra = []
     for _, g in ours.drop_duplicates(["sm", *GEOM_COLS]).iterrows():
@@ -82,7 +83,7 @@ def _attach_baseline(df: pd.DataFrame) -> pd.DataFrame:
             m[c] = m[f"attention_{c}"].fillna(m[c]) * L
         m["num_layers"] = L
         m["preset"] = g["preset"]
-        m["impl"] = f"{BASELINE_IMPL} (attention x{L})"
+        m["impl"] = [f"{impl} (attention x{L})" for impl in m["impl"]]
         extra.append(m)
     return pd.concat([ours, *extra], ignore_index=True) if extra else ours.reset_index(drop=True)
 
@@ -103,7 +104,7 @@ def overheads(df: pd.DataFrame) -> pd.DataFrame:
     d = df.copy()
     d["accepted"] = d["accepted"].fillna(-1)
     arena = d[d["layout"] == "arena"].set_index(keys)["median_us"]
-    paged = d[(d["layout"] == "paged") & ~d["impl"].str.startswith(BASELINE_IMPL)].copy()
+    paged = d[(d["layout"] == "paged") & ~d["impl"].map(baselines.is_baseline).astype(bool)].copy()
     if paged.empty or arena.empty:
         return paged.assign(overhead_pct=pd.Series(dtype=float))
     idx = pd.MultiIndex.from_frame(paged[keys])
@@ -139,8 +140,9 @@ def plot_group(g: pd.DataFrame, path: Path, title: str) -> None:
             for label, s in panel.groupby("series"):
                 s = s.sort_values("ctx_len")
                 r0 = s.iloc[0]
-                if str(r0["impl"]).startswith(BASELINE_IMPL):
-                    style = dict(color="tab:red", linestyle="--", marker="x")
+                if baselines.is_baseline(r0["impl"]):
+                    style = dict(color="tab:red", linestyle=BASELINE_DASH.get(str(r0["impl"]).split(" (")[0], "--"),
+                                 marker="x")
                 elif r0["layout"] == "arena":
                     style = dict(color="black", marker="s", linewidth=2)
                 else:

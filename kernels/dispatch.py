@@ -82,7 +82,8 @@ MAX_ALTERNATIVES = 3
 # test checks these names against it).
 
 DB_SCHEMA_NAME = "drafter-attn-profile"
-DB_SCHEMA_VERSION = 1
+DB_SCHEMA_VERSION = 2
+DB_READS_VERSIONS = ("1", "2")  # version 2 only added columns this runtime does not read
 SHAPE_FIELDS = ("num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window", "dtype",
                 "layout", "page_size")
 DB_ROWS_SQL = """
@@ -225,7 +226,7 @@ def read_db_rows(path) -> list[dict]:
         if meta.get("schema") != DB_SCHEMA_NAME:
             raise TableError(f"{path} is not a drafter-attn profile database "
                              f"(schema {meta.get('schema')!r}, expected {DB_SCHEMA_NAME!r})")
-        if meta.get("schema_version") != str(DB_SCHEMA_VERSION):
+        if meta.get("schema_version") not in DB_READS_VERSIONS:
             raise TableError(f"{path} has profile schema version {meta.get('schema_version')}, but "
                              f"this runtime reads version {DB_SCHEMA_VERSION} only; export a tuned "
                              f"table with a matching tuner")

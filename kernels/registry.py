@@ -153,9 +153,9 @@ def _value(text: str):
         return text
 
 
-def from_spec(spec: str) -> Backend:
-    """A backend from a spec: a registered name, optionally bound to parameters after a colon,
-    `"cupy"`, `"cupy:tile_n=32,stages=4"`, `"cutlass:wgmma=1"` (integers, true/false, none)."""
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """(name, params) of a backend spec: `"cupy"`, `"cupy:tile_n=32,stages=4"`, `"cutlass:wgmma=1"`
+    (values: integers, true/false, none)."""
     name, _, params = spec.partition(":")
     kv = {}
     for item in filter(None, (part.strip() for part in params.split(","))):
@@ -163,7 +163,13 @@ def from_spec(spec: str) -> Backend:
         if not eq or not key.strip():
             raise ValueError(f"backend spec {spec!r}: {item!r} is not key=value")
         kv[key.strip()] = _value(value)
-    backend = get(name.strip())
+    return name.strip(), kv
+
+
+def from_spec(spec: str) -> Backend:
+    """A backend from a spec (see parse_spec), bound to its parameters."""
+    name, kv = parse_spec(spec)
+    backend = get(name)
     return backend.with_params(**kv) if kv else backend
 
 

@@ -14,7 +14,7 @@ import argparse
 import torch
 
 from drafter_attn.tuner.roofline import copy_bandwidth
-from drafter_attn.tuner.timing import time_step
+from drafter_attn.tuner.timing import time_replays
 
 
 def main():
@@ -36,7 +36,7 @@ def main():
             for h in range(args.heads):  # one head's slices, as one CTA family reads them
                 torch.index_select(pool[:, h], 0, order, out=out[h])
 
-        t = time_step(gather, reps=30)
+        t = time_replays(gather, reps=30)
         nbytes = 2 * pool.numel() * pool.element_size()
         gbps = nbytes / t.median_us / 1e3
         print(f"{page:>6} {2 * page * args.head_dim // 1024:>6} KB {t.median_us:>10.1f} "
@@ -45,7 +45,7 @@ def main():
         torch.cuda.empty_cache()
     flat = torch.randn(args.tokens * args.heads * args.head_dim, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(flat)
-    t = time_step(lambda: dst.copy_(flat), reps=30)
+    t = time_replays(lambda: dst.copy_(flat), reps=30)
     print(f"{'dense':>6} {'-':>8} {t.median_us:>10.1f} {2 * flat.numel() * 2 / t.median_us / 1e3:>8.0f}")
 
 

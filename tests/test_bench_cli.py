@@ -303,7 +303,7 @@ def _fake_context(wire, chunk, reps=0):
     return row
 
 
-def _fake_baseline(geometry, page, batch, ctx, reps=0):
+def _fake_baseline(name, geometry, page, batch, ctx, reps=0):
     return dict(status="ok", median_us=7.0, p10_us=6.5, p90_us=8.0, attention_median_us=7.0)
 
 

@@ -108,7 +108,7 @@ def test_foreign_schema_version_is_refused(tmp_path):
     c.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     c.commit()
     c.close()
-    with pytest.raises(SchemaError, match=r"schema version 99.*reads version 1"):
+    with pytest.raises(SchemaError, match=r"schema version 99.*reads version 2"):
         ProfileDB(path)
 
 
@@ -195,3 +195,24 @@ def test_environment_id_and_software_versions():
     sw = env.software_versions()
     assert sw["sources_hash"] == nvrtc.sources_digest() and sw["torch"]
     assert set(sw) | {"gpu_name", "sm", "sm_count", "driver"} == set(env.FIELDS)
+
+
+def test_version_1_database_is_migrated_keeping_its_rows(tmp_path):
+    """A database written before the read-floor columns existed opens, keeps its rows, and
+    reads NULL (not measured) in the new columns; merging it into a new database works too."""
+    path = tmp_path / "v1.db"
+    with ProfileDB(path) as db:
+        eid = db.add_environment(dict(gpu_name="H200", sm=90))
+        db.add_result(dict(env_id=eid, candidate_key="c", problem_key={}, impl="cupy", params={},
+                           status="ok", median_us=12.5))
+    c = sqlite3.connect(path)
+    for name in ("read_floor_us", "read_bandwidth_gbs", "read_roofline_fraction", "graph_fixed_us"):
+        c.execute(f"ALTER TABLE results DROP COLUMN {name}")
+    c.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    c.commit()
+    c.close()
+    assert merge(tmp_path / "new.db", path)["results"] == 1
+    with ProfileDB(path) as db:
+        assert db.schema_version() == dbmod.SCHEMA_VERSION
+        (row,) = db.query("SELECT median_us, read_floor_us FROM results")
+        assert row == {"median_us": 12.5, "read_floor_us": None}

@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 
 SCHEMA_NAME = "drafter-attn-profile"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 STATUSES = ("ok", "failed_compile", "failed_runtime", "failed_correctness", "failed_timeout",
             "unsupported")
@@ -53,6 +53,10 @@ METRIC_COLUMNS = (
     # roofline
     ("bytes_moved", "INTEGER"), ("bandwidth_gbs", "REAL"), ("copy_bandwidth_gbs", "REAL"),
     ("roofline_fraction", "REAL"),
+    # the read floor: the same bytes streamed by a read-only kernel, timed the same way (schema 2)
+    ("read_floor_us", "REAL"), ("read_bandwidth_gbs", "REAL"), ("read_roofline_fraction", "REAL"),
+    # the timing method's fixed cost in this run: replay of a one-kernel graph (schema 2)
+    ("graph_fixed_us", "REAL"),
     # correctness
     ("rel_err", "REAL"),
     # host-sync stalls of one step
@@ -105,6 +109,13 @@ def _table(name: str, columns, extra: str = "") -> str:
     body = ",\n  ".join(f"{c} {t}" for c, t in columns)
     return f"CREATE TABLE {name} (\n  {body}{extra}\n)"
 
+
+# Statements that bring a database of version N up to N + 1 (each adds columns only, so rows
+# written by older tuners stay valid; their new columns read NULL: not measured).
+MIGRATIONS = {
+    1: [f"ALTER TABLE results ADD COLUMN {name} REAL"
+        for name in ("read_floor_us", "read_bandwidth_gbs", "read_roofline_fraction", "graph_fixed_us")],
+}
 
 SCHEMA = [
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -220,11 +231,20 @@ class ProfileDB:
             raise SchemaError(f"{self.path} is not a drafter-attn profile database "
                               f"(schema {meta.get('schema')!r}, expected {SCHEMA_NAME!r})")
         version = meta.get("schema_version")
-        if version != str(SCHEMA_VERSION):
+        if version is not None and version.isdigit() and int(version) in MIGRATIONS:
+            self._migrate(int(version))
+        elif version != str(SCHEMA_VERSION):
             raise SchemaError(
                 f"{self.path} has profile schema version {version}, but this tuner reads version "
                 f"{SCHEMA_VERSION} only; use a tuner of that version, or pass --db for a new file"
             )
+
+    def _migrate(self, version: int) -> None:
+        """Bring an older database up to SCHEMA_VERSION (inside the caller's transaction)."""
+        for v in range(version, SCHEMA_VERSION):
+            for stmt in MIGRATIONS[v]:
+                self.conn.execute(stmt)
+        self.conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
     def schema_version(self) -> int:
         return int(self.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
@@ -334,7 +354,8 @@ def merge(dst: str | os.PathLike, *srcs: str | os.PathLike) -> dict[str, int]:
                 try:
                     for table, columns in (("environments", ENV_COLUMNS), ("results", RESULT_COLUMNS),
                                            ("compile_profiles", COMPILE_COLUMNS)):
-                        cols = ", ".join(_names(columns))
+                        have = {r[1] for r in c.execute(f"PRAGMA src.table_info({table})")}
+                        cols = ", ".join(n for n in _names(columns) if n in have)
                         cur = c.execute(f"INSERT OR IGNORE INTO main.{table} ({cols}) "
                                         f"SELECT {cols} FROM src.{table}")
                         added[table] += cur.rowcount

@@ -19,6 +19,11 @@ MIN_REPS, MAX_REPS = 30, 400
 FLUSH_BELOW_L2_MULTIPLE = 4
 
 
+# The status of a diagnostic variant (skip_compute: the loads alone): timed for the limiter, but
+# its output is not attention, so no table or dispatcher may ever pick it.
+DIAGNOSTIC_REASON = "diagnostic variant (skip_compute=1: loads only, output not attention); timed, never ok"
+
+
 def choose_reps(step_us: float, budget_s: float = REPS_BUDGET_S, lo: int = MIN_REPS,
                 hi: int = MAX_REPS) -> int:
     """Replays for about `budget_s` of timed work, within [lo, hi]."""
@@ -42,15 +47,17 @@ def _l2_bytes(index: int) -> int:
     return torch.cuda.get_device_properties(index).L2_cache_size or (60 << 20)
 
 
-def time_step(step, reps: int = 0) -> dict:
-    """Latency of the whole step (timed twice: the second median shows the noise) and of each
-    half, from CUDA graph replays; `reps=0` picks the count from a short first timing."""
+def time_fn(fn, nbytes: int, reps: int = 0) -> tuple[dict, int]:
+    """Latency of `fn` (graph-capturable, moves at least `nbytes`) from CUDA graph replays, timed
+    twice (the second median shows the noise), beside its floors: the copy roofline and the read
+    floor of the same bytes, and the timing method's fixed cost. `reps=0` picks the count from a
+    short first timing. Returns (columns, reps used)."""
     import torch
 
-    from drafter_attn.tuner import roofline, timing
+    from drafter_attn.tuner import floors, roofline, timing
 
-    cold = step.bytes_moved < FLUSH_BELOW_L2_MULTIPLE * _l2_bytes(torch.cuda.current_device())
-    graph = timing.capture(step.run)
+    cold = nbytes < FLUSH_BELOW_L2_MULTIPLE * _l2_bytes(torch.cuda.current_device())
+    graph = timing.capture(fn)
     if not reps:
         reps = choose_reps(timing.time_graph(graph, reps=5, warmup=2, cold_l2=cold).median_us)
     first = timing.time_graph(graph, reps=reps, cold_l2=cold)
@@ -58,15 +65,71 @@ def time_step(step, reps: int = 0) -> dict:
     del graph
     row = dict(median_us=first.median_us, p10_us=first.p10_us, p90_us=first.p90_us,
                mean_us=first.mean_us, min_us=first.min_us, count=first.count,
-               repeat_median_us=second.median_us, l2_flushed=cold)
+               repeat_median_us=second.median_us, l2_flushed=cold,
+               **roofline_row(first.median_us, nbytes, roofline.copy_bandwidth()),
+               **floors.read_floor(nbytes).row(first.median_us),
+               graph_fixed_us=floors.empty_graph_us())
+    return row, reps
+
+
+def time_step(step, reps: int = 0) -> dict:
+    """The whole step (`time_fn`) and each half alone (attention, store), from graph replays."""
+    from drafter_attn.tuner import timing
+
+    row, reps = time_fn(step.run, step.bytes_moved, reps)
     for name, fn in (("attention", step.attention_only), ("store", step.store_only)):
         graph = timing.capture(fn)
-        t = timing.time_graph(graph, reps=reps, cold_l2=cold)
+        t = timing.time_graph(graph, reps=reps, cold_l2=row["l2_flushed"])
         del graph
         row.update({f"{name}_median_us": t.median_us, f"{name}_p10_us": t.p10_us,
                     f"{name}_p90_us": t.p90_us})
-    row.update(roofline_row(first.median_us, step.bytes_moved, roofline.copy_bandwidth()))
     return row
+
+
+def measure_baseline(name: str, geometry, page: int, batch: int, ctx: int, *, reps: int = 0,
+                     seed: int = 0) -> dict:
+    """Baseline `name` (kernels.baselines) over `batch` requests of `ctx` tokens: ONE layer's
+    attention (no store), timed as a step is, with its host syncs. Never raises; its time goes
+    into the attention columns too, so that it sits beside the kernels' attention halves."""
+    import torch
+
+    from drafter_attn.kernels import baselines
+    from drafter_attn.tuner import roofline, syncs
+
+    t0 = time.perf_counter()
+    g1 = geometry.with_(num_layers=1)
+    row: dict = {}
+    base = None
+    try:
+        base = baselines.build(name, g1, page, [ctx] * batch, "cuda", torch.Generator().manual_seed(seed))
+        nbytes = roofline.attention_bytes(g1, [ctx] * batch, g1.torch_dtype.itemsize, page)
+        row, _ = time_fn(base.run, nbytes, reps)
+        row.update(attention_median_us=row["median_us"], attention_p10_us=row["p10_us"],
+                   attention_p90_us=row["p90_us"], kv_bytes=base.kv_bytes)
+        report = syncs.detect_syncs(base.run, graph=False)
+        report.notes[:] = [n for n in report.notes if not n.startswith("nsys layer")]
+        report.notes.append(f"{name} baseline: one layer's attention, no store")
+        row.update(report.as_row(), graph_capturable=True, status="ok", reason=None)
+    except Exception as exc:
+        row = dict(zip(("status", "reason"), failure(exc)))
+    finally:
+        base = None
+        _release(row)
+    row["elapsed_s"] = time.perf_counter() - t0
+    return row
+
+
+def _release(row: dict) -> None:
+    """Free what a measurement left in the allocator; a fault shows here as a runtime failure
+    (this process's CUDA context is gone)."""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the next measurement's sizes differ: start from a clean pool
+    except Exception as exc:
+        if row.get("status") == "ok":
+            row.update(status="failed_runtime", reason=f"{type(exc).__name__}: {exc}")
 
 
 def failure(exc: BaseException) -> tuple[str, str]:
@@ -114,7 +177,11 @@ def measure_step(wire: dict, make_step, *, reps: int = 0, nsys: bool = False,
         if reason:
             return dict(status="unsupported", reason=reason, elapsed_s=time.perf_counter() - t0)
         step = make_step(c, backend)
-        row["rel_err"] = step.check()
+        diagnostic = bool(c.params_dict.get("skip_compute"))
+        if diagnostic:  # loads only: its output is not attention, so it is timed but never ok
+            row["rel_err"] = None
+        else:
+            row["rel_err"] = step.check()
         row.update(time_step(step, reps))
         row.update(memory.measure_step_memory(step.run, step.kv_bytes).as_dict())
         # The step was captured above, so the capture layer is known to pass.
@@ -124,15 +191,12 @@ def measure_step(wire: dict, make_step, *, reps: int = 0, nsys: bool = False,
             report.notes.append(nsys_note)
         row.update(report.as_row(), graph_capturable=True)
         row.update(status="ok", reason=None)
+        if diagnostic:
+            row.update(status="failed_correctness", reason=DIAGNOSTIC_REASON)
     except Exception as exc:
         row.update(zip(("status", "reason"), failure(exc)))
     finally:
         step = None  # noqa: F841 (frees the step's caches before empty_cache)
-        try:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()  # the next candidate's sizes differ: start from a clean pool
-        except Exception as exc:  # a fault in the step: this process's CUDA context is gone
-            if row.get("status") == "ok":
-                row.update(status="failed_runtime", reason=f"{type(exc).__name__}: {exc}")
+        _release(row)
     row["elapsed_s"] = time.perf_counter() - t0
     return row

@@ -1,6 +1,6 @@
 """Device timing of one step: CUDA graph replays bracketed by CUDA events, a cold L2 per replay.
 
-    t = time_step(lambda: backend.paged_attention(...))
+    t = time_replays(lambda: backend.paged_attention(...))
     t.median_us, t.p10_us, t.p90_us, t.count
 
 The step is run eagerly twice (compiles, loads, allocates workspaces), captured into a CUDA graph,
@@ -90,6 +90,6 @@ def time_graph(graph: torch.cuda.CUDAGraph, reps: int = 100, warmup: int = 10,
     return summarize([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
 
 
-def time_step(fn, reps: int = 100, warmup: int = 10, cold_l2: bool = True) -> Timing:
+def time_replays(fn, reps: int = 100, warmup: int = 10, cold_l2: bool = True) -> Timing:
     """Capture `fn` (a whole step: must not sync the host) and time its replays."""
     return time_graph(capture(fn), reps=reps, warmup=warmup, cold_l2=cold_l2)

@@ -1,0 +1,125 @@
+"""CPU tests of the baselines' selection, the read floor (its arithmetic and its kernels'
+compilation) and the bench table's width."""
+import argparse
+import io
+
+import pytest
+
+from drafter_attn.bench import decode, options, output
+from drafter_attn.bench.options import BenchError
+from drafter_attn.kernels import baselines
+from drafter_attn.kernels.presets import get_preset
+from drafter_attn.tuner import floors
+from drafter_attn.tuner.sizes import parse_size, parse_sizes
+
+MAIN = get_preset("qwen3-8b-dflash-b16")
+SLIDING = get_preset("dflash2-w2048")
+
+
+@pytest.fixture
+def installed(monkeypatch):
+    monkeypatch.setattr(baselines, "flashinfer_available", lambda: True)
+
+
+def test_baseline_reasons(installed, monkeypatch):
+    assert baselines.reason(baselines.FA2, MAIN, 64) is None
+    assert baselines.reason(baselines.FA2_GRAPH, MAIN, 16) is None
+    assert "mask 'full' only" in baselines.reason(baselines.FA2, SLIDING, 64)
+    assert "page sizes" in baselines.reason(baselines.XQA, MAIN, 256)
+    assert baselines.reason(baselines.XQA, MAIN, 128, sm=90) is None
+    assert "SM 90/120" in baselines.reason(baselines.XQA, MAIN, 128, sm=100)
+    assert "unknown baseline" in baselines.reason("vllm", MAIN, 64)
+    monkeypatch.setattr(baselines, "flashinfer_available", lambda: False)
+    assert "not installed" in baselines.reason(baselines.FA2, MAIN, 64)
+
+
+def test_is_baseline_knows_relabelled_rows():
+    assert baselines.is_baseline("flashinfer-fa2") and baselines.is_baseline("trtllm-xqa (attention x5)")
+    assert not baselines.is_baseline("cupy") and not baselines.is_baseline("flashinfer-fa3")
+
+
+def test_auto_runs_every_baseline_that_takes_the_geometry(installed):
+    names, notes = decode.baselines_wanted("auto", MAIN)
+    assert names == [baselines.FA2, baselines.FA2_GRAPH, baselines.XQA] and notes == []
+    names, notes = decode.baselines_wanted("auto", SLIDING)
+    assert names == [] and len(notes) == 3 and all("mask 'full' only" in n for n in notes)
+    assert decode.baselines_wanted("flashinfer", MAIN)[0] == [baselines.FA2, baselines.FA2_GRAPH]
+    assert decode.baselines_wanted("none", MAIN) == ([], [])
+
+
+def test_a_named_baseline_that_cannot_run_is_an_error(installed):
+    with pytest.raises(BenchError, match="trtllm-xqa covers mask 'full' only"):
+        decode.baselines_wanted("trtllm-xqa", SLIDING)
+
+
+def test_baseline_jobs_follow_each_baselines_page_sizes(installed):
+    p = decode.plan("decode", MAIN, "main", "main", pages=[64, 256], batches=[1], ctxs=[1024],
+                    impls=["cupy"], baseline="auto")
+    jobs = p.baseline_jobs(sm=90)
+    assert (baselines.XQA, 1, 1024, 64) in jobs and (baselines.XQA, 1, 1024, 256) not in jobs
+    assert (baselines.FA2_GRAPH, 1, 1024, 256) in jobs
+    assert p.total == len(p.jobs) + 5
+
+
+def test_baseline_option_is_checked_by_argparse():
+    assert options.baseline_option("flashinfer-fa2,trtllm-xqa") == "flashinfer-fa2,trtllm-xqa"
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown baseline vllm"):
+        options.baseline_option("flashinfer-fa2,vllm")
+
+
+def test_read_floor_row():
+    f = floors.ReadFloor(nbytes=4_000_000_000, median_us=1000.0, way="bulk", bulk_us=1000.0, ld_us=1100.0)
+    assert f.bandwidth_gbs == pytest.approx(4000.0)
+    row = f.row(median_us=1250.0)
+    assert row == dict(read_floor_us=1000.0, read_bandwidth_gbs=pytest.approx(4000.0),
+                       read_roofline_fraction=pytest.approx(0.8))
+
+
+@pytest.mark.parametrize("sm", [90, 100, 120])
+def test_read_floor_kernels_compile(sm):
+    """The streaming kernels compile for each target; on sm_90 and up the bulk kernel drives the
+    copy engine (UBLKCP) and waits on mbarriers, and nothing spills."""
+    pytest.importorskip("cuda.bindings")
+    from drafter_attn.kernels.nvrtc import arch_for_sm, compile_cubin
+    from test_cutlass_compile import _sass as sass
+
+    result = compile_cubin(floors.SOURCE, dict(STAGES=floors.STAGES, CHUNK=floors.CHUNK), arch_for_sm(sm))
+    assert set(result.resources) == {"read_floor_bulk", "read_floor_ld"}
+    assert result.spills == 0
+    text = sass(result.cubin_path)
+    assert "UBLKCP" in text and "SYNCS" in text and "LDG.E" in text
+
+
+def test_sizes():
+    assert parse_sizes("2k, 8k,1M,4096") == [2048, 8192, 1 << 20, 4096]
+    assert parse_size("1.5k") == 1536
+    for bad in ("1.3k", "lots", "-1", ""):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+
+
+def _row(**kw):
+    row = dict(step="decode", impl="cupy", impl_option="cupy", layout="paged", page_size=128, batch=32,
+               ctx=32768, chunk=None, status="ok", median_us=1459.3, p10_us=1450.1, p90_us=1470.2,
+               attention_median_us=1300.0, store_median_us=150.0, overhead_pct=-0.5, syncs=0,
+               kv_model_bytes=123 << 30, bandwidth_gbs=3900.0, roofline_fraction=0.91, rel_err=3e-3,
+               read_floor_us=1200.0, layers=5)
+    row.update(kw)
+    return row
+
+
+def test_bench_table_fits_120_columns_and_wide_shows_everything():
+    from rich.console import Console
+
+    rows = [_row(), _row(layout="arena", page_size=None),
+            _row(impl="flashinfer-fa2-graph", impl_option="flashinfer-fa2-graph", scope="attention x5"),
+            _row(status="failed_runtime", reason="CUDA error: an illegal memory access was encountered")]
+    narrow = Console(file=io.StringIO(), width=120, record=True)
+    output.print_table(rows, "t", narrow)
+    text = narrow.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 120
+    assert "x floor" in text and "1.22x" in text and "p10-p90" not in text and "flashinfer-fa" in text
+    wide = Console(file=io.StringIO(), width=260, record=True)
+    output.print_table(rows, "t", wide, wide=True)
+    text = wide.export_text()
+    assert "p10-p90" in text and "copy roofline" in text and "read floor us" in text

@@ -1,0 +1,118 @@
+"""Floors measured in the same run as the kernels they judge.
+
+- `read_floor(nbytes)`: the fastest this GPU streams `nbytes` from HBM, timed exactly as a kernel
+  is (one CUDA graph replay per sample, L2 cold, CUDA events), so it carries the same fixed launch
+  cost. A kernel that must read `nbytes` cannot beat it; `median / read_floor` is how far off it
+  is. The copy bandwidth (tuner.roofline) counts reads plus writes and reads lower than a pure
+  read stream, so it flatters kernels that only read.
+- `empty_graph_us()`: the timing method's own fixed cost (an empty graph's replay), recorded
+  once per run.
+
+The streaming kernels are kernels/cuda/read_floor.cu: bulk copies into shared memory on sm_90 and
+up, plain 16-byte loads anywhere; the floor is the faster of the two.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+SOURCE = "read_floor.cu"
+STAGES, CHUNK = 4, 16384  # bulk copies in flight per CTA, and their size (64 KB per CTA)
+CTAS_PER_SM = 2
+LD_THREADS, LD_CTAS_PER_SM = 512, 4
+
+
+@dataclass(frozen=True)
+class ReadFloor:
+    nbytes: int
+    median_us: float  # the faster way's median
+    way: str  # "bulk" or "ld"
+    bulk_us: float | None
+    ld_us: float | None
+
+    @property
+    def bandwidth_gbs(self) -> float:
+        return self.nbytes / self.median_us / 1e3
+
+    def row(self, median_us: float) -> dict:
+        """Columns of a measured row whose kernel moves these bytes in `median_us`."""
+        return dict(read_floor_us=self.median_us, read_bandwidth_gbs=self.bandwidth_gbs,
+                    read_roofline_fraction=self.median_us / median_us if median_us > 0 else None)
+
+
+@functools.cache
+def _kernels(index: int):
+    """(bulk or None, ld) cupy kernels for device `index`."""
+    import cupy
+    import torch
+
+    from drafter_attn.kernels.nvrtc import arch_for_sm, compile_cubin
+
+    props = torch.cuda.get_device_properties(index)
+    sm = props.major * 10 + props.minor
+    result = compile_cubin(SOURCE, dict(STAGES=STAGES, CHUNK=CHUNK), arch_for_sm(sm))
+    with cupy.cuda.Device(index):
+        mod = cupy.RawModule(path=str(result.cubin_path))
+        bulk = mod.get_function("read_floor_bulk") if sm >= 90 else None
+        if bulk is not None:
+            bulk.max_dynamic_shared_size_bytes = STAGES * CHUNK
+        return bulk, mod.get_function("read_floor_ld"), props.multi_processor_count
+
+
+def _launch(fn, grid, block, args, smem=0):
+    """On torch's current stream, so that graph capture follows torch."""
+    import warnings
+
+    import cupy
+    import torch
+
+    stream = torch.cuda.current_stream()
+    with warnings.catch_warnings():  # ExternalStream is deprecated in CuPy 14, still works
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ext = cupy.cuda.ExternalStream(stream.cuda_stream, stream.device_index)
+    with ext:
+        fn(grid, block, args, shared_mem=smem)
+
+
+def streaming_reads(nbytes: int, device_index: int | None = None):
+    """(name, fn) pairs, each reading a fresh random buffer of `nbytes` once per call."""
+    import numpy as np
+    import torch
+
+    index = torch.cuda.current_device() if device_index is None else device_index
+    bulk, ld, sms = _kernels(index)
+    n = max(16, nbytes // 16 * 16)
+    buf = torch.randint(-2**31, 2**31 - 1, (n // 4,), dtype=torch.int32, device=f"cuda:{index}")
+    sink = torch.zeros(1, dtype=torch.int32, device=buf.device)
+    ptr, out = np.uint64(buf.data_ptr()), np.uint64(sink.data_ptr())
+    ways = [("ld", lambda: _launch(ld, (sms * LD_CTAS_PER_SM,), (LD_THREADS,),
+                                    (ptr, np.uint64(n // 16), out)))]
+    if bulk is not None:
+        ways.insert(0, ("bulk", lambda: _launch(bulk, (sms * CTAS_PER_SM,), (32,),
+                                                (ptr, np.uint64(n), out), STAGES * CHUNK)))
+    return ways, (buf, sink)
+
+
+@functools.cache
+def read_floor(nbytes: int, reps: int = 50) -> ReadFloor:
+    """The read floor of `nbytes` on the current device (cached per size for the process)."""
+    from drafter_attn.tuner import timing
+
+    ways, keep = streaming_reads(nbytes)
+    times = {name: timing.time_replays(fn, reps=reps).median_us for name, fn in ways}
+    del keep
+    way = min(times, key=times.get)
+    return ReadFloor(nbytes, times[way], way, times.get("bulk"), times.get("ld"))
+
+
+@functools.cache
+def empty_graph_us(reps: int = 200) -> float:
+    """Median replay time of a graph that holds one empty kernel: what the timing method itself
+    costs (launch, events), measured cold as every step is."""
+    import torch
+
+    from drafter_attn.tuner import timing
+
+    x = torch.zeros(1, device="cuda")
+    return timing.time_replays(lambda: x.add_(0), reps=reps).median_us
