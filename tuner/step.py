@@ -162,8 +162,13 @@ class DecodeStep:
         return outs
 
     def attention_only(self) -> list[torch.Tensor]:
-        """The attention of every layer over the stored context (lengths set to after the store)."""
-        self._lens.copy_(self._lens_stored)
+        """The attention of every layer over the stored context (lengths set to after the store).
+
+        The lengths are set by eager calls only: attention never changes them, so a graph
+        captured from this holds the attention kernels alone, timed as a baseline's call is
+        (capture() runs the function eagerly before capturing it)."""
+        if not torch.cuda.is_available() or not torch.cuda.is_current_stream_capturing():
+            self._lens.copy_(self._lens_stored)
         return [self._attend(layer) for layer in range(self.problem.geometry.num_layers)]
 
     def store_only(self) -> None:
