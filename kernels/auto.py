@@ -116,7 +116,7 @@ class Recommendation:
 
 
 # ---------------------------------------------------------------------------------------------
-# memory model (DESIGN.md section 2)
+# memory model (docs/design.md, "The two layouts")
 
 
 def token_bytes(g: Geometry) -> int:

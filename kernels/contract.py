@@ -1,4 +1,4 @@
-"""Input validation of the four contract functions (DESIGN.md, "The functional contract").
+"""Input validation of the four contract functions (docs/design.md, "The functional contract").
 
 Every backend calls these before any work, so a bad input gets a ValueError that names the
 argument instead of a wrong answer or an illegal address.

@@ -71,7 +71,7 @@ def _gather_pages(pages: torch.Tensor, table: torch.Tensor, live: torch.Tensor) 
 
 
 def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *, mask="full", window=None, scale=None):
-    """Drafter block attention over a paged context (DESIGN.md contract) -> [B, Qb, Hq, D]."""
+    """Drafter block attention over a paged context (docs/design.md, "The functional contract") -> [B, Qb, Hq, D]."""
     d = check_paged(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask, window, scale)
     ps = d.page_size
     columns = torch.arange(block_table.shape[1], device=q.device)
@@ -82,7 +82,7 @@ def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
 
 
 def arena_attention(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *, mask="full", window=None, scale=None):
-    """Drafter block attention over an arena context (DESIGN.md contract) -> [B, Qb, Hq, D]."""
+    """Drafter block attention over an arena context (docs/design.md, "The functional contract") -> [B, Qb, Hq, D]."""
     d = check_arena(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, mask, window, scale)
     ids = slots.long()
     return _attend(q, k_blk, v_blk, k_arena[ids], v_arena[ids], ctx_lens, d)

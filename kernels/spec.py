@@ -43,7 +43,7 @@ def resolve_window(mask: str, window) -> int | None:
 
 @dataclass(frozen=True)
 class Geometry:
-    """Attention geometry of one drafter layer stack (see DESIGN.md section 1).
+    """Attention geometry of one drafter layer stack (docs/design.md, "The problem").
 
     `window` given with mask="full" is accepted and normalised to None, so two geometries that
     attend identically compare (and hash, and key a database) equal.

@@ -74,7 +74,7 @@ def test_problem_key_is_flat_and_complete():
 
 
 def test_presets_match_design_table():
-    table = {  # DESIGN.md section 1: layers, Hq, Hkv, D, Qb, mask, window
+    table = {  # docs/design.md, "The problem": layers, Hq, Hkv, D, Qb, mask, window
         "qwen3-8b-dflash-b16": (5, 32, 8, 128, 16, "full", None),
         "qwen3-coder-30b-dflash": (8, 32, 4, 128, 16, "full", None),
         "gpt-oss-20b-dflash": (8, 64, 8, 64, 8, "full", None),
