@@ -59,6 +59,12 @@ ARROWS = [
     ("measure", "registry", CALL, "runs the backends", "arc3,rad=0.15"),
     ("backends", "contract", CALL, "validate", "arc3"),
 ]
+CAPTION = (
+    "blue, tuning: 1 candidates go to a worker per GPU, 2 one at a time, 3 a row per result the moment it exists,",
+    "4-8 the winners become a tuned table that the runtime loads once and picks from.",
+    "orange: bench decode measures and records as the tuner does; bench report reads the rows."
+    "   grey dashed: calls",
+)
 
 
 def _edge(box, toward):
@@ -98,10 +104,7 @@ def draw(out: Path = OUT) -> Path:
                 va="center" if vertical else "bottom", bbox=dict(fc="white", ec="none", alpha=0.8, pad=1))
     ax.text(15.75, 10.3, "imports point one way: bench -> tuner -> kernels", ha="right", va="top",
             fontsize=10, style="italic")
-    ax.text(0.3, -0.05, "blue, tuning: 1 candidates go to a worker per GPU, 2 one at a time, 3 a row per result "
-            "the moment it exists,\n4-8 the winners become a tuned table that the runtime loads once and "
-            "picks from.   orange: bench decode measures and records as the tuner does, bench report reads the rows.   grey dashed: calls",
-            fontsize=10, va="top", linespacing=1.4)
+    ax.text(0.3, -0.05, "\n".join(CAPTION), fontsize=10, va="top", linespacing=1.4)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, bbox_inches="tight")
     plt.close(fig)
