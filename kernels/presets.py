@@ -32,6 +32,12 @@ PRESETS: dict[str, Geometry] = {
 
 
 def get_preset(name: str) -> Geometry:
+    """The Geometry of a named drafter (a key of PRESETS); ValueError listing the known names
+    otherwise.
+
+    >>> get_preset("laguna-dflash").group
+    9
+    """
     try:
         return PRESETS[name]
     except KeyError:

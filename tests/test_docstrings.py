@@ -1,4 +1,4 @@
-"""The examples in the contract's docstrings run and print what they say (doctest)."""
+"""The examples in the contract's (and the presets') docstrings run and print what they say."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import doctest
 import pytest
 import torch
 
-from drafter_attn.kernels import contract, reference
+from drafter_attn.kernels import contract, presets, reference
 from drafter_attn.kernels.cache import random_arena_context, random_paged_context
 from drafter_attn.kernels.presets import get_preset
 
@@ -27,15 +27,16 @@ def _contract_inputs() -> dict:
                 slots=slots)
 
 
-@pytest.mark.parametrize("module", [reference, contract], ids=lambda m: m.__name__)
-def test_docstring_examples(module):
+@pytest.mark.parametrize("module, examples", [(reference, 4), (contract, 4), (presets, 1)],
+                         ids=["reference", "contract", "presets"])
+def test_docstring_examples(module, examples):
     globs = dict(vars(module), torch=torch, get_preset=get_preset,
                  random_paged_context=random_paged_context, random_arena_context=random_arena_context,
                  **_contract_inputs())
     finder = doctest.DocTestFinder()
     runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
     tests = [t for t in finder.find(module, globs=globs) if t.examples]
-    assert len(tests) == 4  # one example per contract function
+    assert len(tests) == examples
     for t in tests:
         runner.run(t)
     assert runner.failures == 0
