@@ -116,7 +116,7 @@ class Recommendation:
 
 
 # ---------------------------------------------------------------------------------------------
-# memory model (DESIGN.md section 2)
+# memory model (docs/design.md, "The two layouts")
 
 
 def token_bytes(g: Geometry) -> int:
@@ -244,46 +244,37 @@ def _median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
-def recommend(d: Deployment, entries, sm: int | None = None, *, latency_tolerance: float = 0.01,
-              hit_lengths=None) -> Recommendation:
-    """Paged or arena for deployment `d` from tuned-table `entries` (kernels.dispatch) of SM `sm`
-    (default: the only SM in the entries)."""
-    entries = list(entries)
-    sms = sorted({e["sm"] for e in entries})
-    if sm is None and len(sms) == 1:
-        sm = sms[0]
-    g, P = d.geometry, d.page_size
-    reasons: list[Reason] = []
-    missing: list[str] = []
-    tag = f"{d.preset} page {P} and arena on sm{sm}"
+def _subject(d: Deployment, sm: int | None) -> str:
+    return f"{d.preset} page {d.page_size} and arena on sm{sm}"
 
-    # latency ----------------------------------------------------------------------------------
-    latency_favors = None
-    overhead = None
-    pairs: list[dict] = []
+
+def _latency_reasons(d: Deployment, entries, sm: int | None, sms: list[int],
+                     tolerance: float) -> tuple[list[Reason], list[str], list[dict]]:
+    """The measured paged-against-arena latency -> (reasons, missing, the pairs compared)."""
     if sm is None:
-        missing.append(f"no SM chosen (the measurements hold SMs {sms or 'none'}): give one")
-    else:
-        batch, pairs = latency_pairs(entries, d, sm)
-        if not pairs:
-            missing.append(f"step latency of {tag} at the same batch and context: none measured; run "
-                           f"`tuner sweep` with presets = [{d.preset!r}], page_sizes = [{P}], arena = true")
-            reasons.append(Reason("latency", None, "missing", "paged against arena: not measured", {}))
-        else:
-            ovs = [p["overhead"] for p in pairs]
-            overhead = _median(ovs)
-            latency_favors = "arena" if overhead > latency_tolerance else "paged"
-            span = ", ".join(f"ctx {p['ctx_len']}: {p['paged_us']:.2f} vs {p['arena_us']:.2f} us "
-                             f"({p['overhead']:+.1%})" for p in pairs)
-            note = "" if batch == d.concurrency else f" (nearest measured batch to concurrency {d.concurrency})"
-            reasons.append(Reason(
-                "latency", latency_favors, "measured",
-                f"paged step per layer against arena at batch {batch}{note}: median {overhead:+.2%} "
-                f"[{span}]; tolerance {latency_tolerance:.1%}",
-                {"batch": batch, "median_overhead": overhead, "pairs": pairs,
-                 "tolerance": latency_tolerance}))
+        return [], [f"no SM chosen (the measurements hold SMs {sms or 'none'}): give one"], []
+    batch, pairs = latency_pairs(entries, d, sm)
+    if not pairs:
+        missing = (f"step latency of {_subject(d, sm)} at the same batch and context: none measured; "
+                   f"run `tuner sweep` with presets = [{d.preset!r}], page_sizes = [{d.page_size}], "
+                   f"arena = true")
+        return [Reason("latency", None, "missing", "paged against arena: not measured", {})], [missing], []
+    overhead = _median([p["overhead"] for p in pairs])
+    favors = "arena" if overhead > tolerance else "paged"
+    span = ", ".join(f"ctx {p['ctx_len']}: {p['paged_us']:.2f} vs {p['arena_us']:.2f} us "
+                     f"({p['overhead']:+.1%})" for p in pairs)
+    note = "" if batch == d.concurrency else f" (nearest measured batch to concurrency {d.concurrency})"
+    reason = Reason("latency", favors, "measured",
+                    f"paged step per layer against arena at batch {batch}{note}: median {overhead:+.2%} "
+                    f"[{span}]; tolerance {tolerance:.1%}",
+                    {"batch": batch, "median_overhead": overhead, "pairs": pairs, "tolerance": tolerance})
+    return [reason], [], pairs
 
-    # memory (model) ---------------------------------------------------------------------------
+
+def _memory_reasons(d: Deployment, pairs: list[dict]) -> list[Reason]:
+    """The footprint model (arena dense in max_ctx, paged by the pages used), and the measured
+    step workspace when the compared pairs have it."""
+    g, P = d.geometry, d.page_size
     arena = arena_bytes(g, d.concurrency, d.max_ctx)
     paged_max = paged_bytes(g, d.concurrency, d.max_ctx, P, d.max_ctx)
     data = {"arena_bytes": arena, "paged_bytes_at_max_ctx": paged_max, "token_bytes": token_bytes(g)}
@@ -297,7 +288,7 @@ def recommend(d: Deployment, entries, sm: int | None = None, *, latency_toleranc
         favors = "paged" if paged_mean < arena else None
     if d.prefix_hit > 0:
         text += "; shared prefix pages are held once in the paged pool, once per slot in the arena"
-    reasons.append(Reason("memory", favors, "model", text, data))
+    reasons = [Reason("memory", favors, "model", text, data)]
     workspaces = [(p["paged_workspace"], p["arena_workspace"]) for p in pairs
                   if p["paged_workspace"] is not None and p["arena_workspace"] is not None]
     if workspaces:
@@ -305,70 +296,86 @@ def recommend(d: Deployment, entries, sm: int | None = None, *, latency_toleranc
         reasons.append(Reason("workspace", None, "measured",
                               f"measured step workspace at ctx {pairs[-1]['ctx_len']}: paged "
                               f"{pw / 2**20:.1f} MiB, arena {aw / 2**20:.1f} MiB", {"paged": pw, "arena": aw}))
+    return reasons
 
-    # prefix reuse --------------------------------------------------------------------------------
-    if d.prefix_hit > 0:
-        reasons.append(Reason(
-            "prefix_reuse", "paged", "deployment",
-            f"{d.prefix_hit:.0%} of prompt tokens are expected from the prefix cache: only the paged "
-            f"pool can reuse (share pages) or transfer the drafter's context of a hit; an arena slot "
-            f"must recompute or copy it into its private slot",
-            {"prefix_hit": d.prefix_hit}))
-        rounding = {"bound": P - 1, "mean_if_uniform": (P - 1) / 2}
-        text = (f"a pool not paired with the target's rounds a hit's first stored position up to a "
-                f"page: up to {P - 1} context tokens hidden from the drafter per hit (mean "
-                f"{(P - 1) / 2:.1f} when hit lengths are uniform modulo {P})")
-        if hit_lengths:
-            stats = page_rounding(hit_lengths, sorted({*DEFAULT_PAGES, P}))
-            rounding["distribution"] = stats
-            r = stats[P]
-            text += (f"; over the {r['hits']} given hit lengths at page {P}: mean {r['mean']:.1f}, "
-                     f"p90 {r['p90']}, max {r['max']}")
-        reasons.append(Reason("page_rounding", None, "model", text, rounding))
-    else:
-        reasons.append(Reason("prefix_reuse", None, "deployment", "no prefix hits expected: nothing to reuse",
-                              {"prefix_hit": 0.0}))
 
-    # serving ---------------------------------------------------------------------------------------
+def _prefix_reasons(d: Deployment, hit_lengths) -> list[Reason]:
+    """Prefix reuse (only pages can be shared or handed over) and what page rounding of a hit
+    hides from the drafter."""
+    P = d.page_size
+    if d.prefix_hit <= 0:
+        return [Reason("prefix_reuse", None, "deployment", "no prefix hits expected: nothing to reuse",
+                       {"prefix_hit": 0.0})]
+    reuse = Reason(
+        "prefix_reuse", "paged", "deployment",
+        f"{d.prefix_hit:.0%} of prompt tokens are expected from the prefix cache: only the paged "
+        f"pool can reuse (share pages) or transfer the drafter's context of a hit; an arena slot "
+        f"must recompute or copy it into its private slot",
+        {"prefix_hit": d.prefix_hit})
+    rounding = {"bound": P - 1, "mean_if_uniform": (P - 1) / 2}
+    text = (f"a pool not paired with the target's rounds a hit's first stored position up to a "
+            f"page: up to {P - 1} context tokens hidden from the drafter per hit (mean "
+            f"{(P - 1) / 2:.1f} when hit lengths are uniform modulo {P})")
+    if hit_lengths:
+        stats = page_rounding(hit_lengths, sorted({*DEFAULT_PAGES, P}))
+        rounding["distribution"] = stats
+        r = stats[P]
+        text += (f"; over the {r['hits']} given hit lengths at page {P}: mean {r['mean']:.1f}, "
+                 f"p90 {r['p90']}, max {r['max']}")
+    return [reuse, Reason("page_rounding", None, "model", text, rounding)]
+
+
+def _serving_reason(d: Deployment) -> Reason:
     if d.serving == "disagg":
-        reasons.append(Reason("serving", "paged", "deployment",
-                              "disaggregated: the prefill workers hand the KV (and the drafter's "
-                              "context) over in pages; only the paged pool can take it, an arena "
-                              "would recompute the drafter's context on the decode worker", {}))
-    else:
-        reasons.append(Reason("serving", None, "deployment", "aggregated: no KV hand-over between workers", {}))
+        return Reason("serving", "paged", "deployment",
+                      "disaggregated: the prefill workers hand the KV (and the drafter's "
+                      "context) over in pages; only the paged pool can take it, an arena "
+                      "would recompute the drafter's context on the decode worker", {})
+    return Reason("serving", None, "deployment", "aggregated: no KV hand-over between workers", {})
 
-    # host syncs ------------------------------------------------------------------------------------
-    sync_favors = None
-    if pairs:
-        ps = [p["paged_syncs"] for p in pairs]
-        as_ = [p["arena_syncs"] for p in pairs]
-        if any(v is None for v in ps + as_):
-            missing.append(f"host syncs of {tag}: not measured for every pair")
-        pm = max((v for v in ps if v is not None), default=None)
-        am = max((v for v in as_ if v is not None), default=None)
-        if pm is not None and am is not None:
-            if pm > 0 and am == 0:
-                sync_favors = "arena"
-            elif am > 0 and pm == 0:
-                sync_favors = "paged"
-            reasons.append(Reason("host_syncs", sync_favors, "measured",
-                                  f"blocking host waits per step: paged {pm}, arena {am}",
-                                  {"paged": pm, "arena": am}))
-    else:
-        if sm is not None:
-            missing.append(f"host syncs of {tag}: not measured")
-        reasons.append(Reason("host_syncs", None, "missing", "not measured", {}))
 
-    # decision ----------------------------------------------------------------------------------------
-    if d.serving == "disagg":
-        layout, by = "paged", "serving"
-    elif sync_favors:
-        layout, by = sync_favors, "host_syncs"
-    elif d.prefix_hit > 0:
-        layout, by = "paged", "prefix_reuse"
-    elif latency_favors:
-        layout, by = latency_favors, "latency"
-    else:
-        layout, by = None, None
+def _host_sync_reasons(d: Deployment, sm: int | None, pairs: list[dict]) -> tuple[list[Reason], list[str]]:
+    """Measured host waits per step: a layout measured at zero beats one that waits."""
+    if not pairs:
+        missing = [f"host syncs of {_subject(d, sm)}: not measured"] if sm is not None else []
+        return [Reason("host_syncs", None, "missing", "not measured", {})], missing
+    ps = [p["paged_syncs"] for p in pairs]
+    as_ = [p["arena_syncs"] for p in pairs]
+    missing = []
+    if any(v is None for v in ps + as_):
+        missing.append(f"host syncs of {_subject(d, sm)}: not measured for every pair")
+    pm = max((v for v in ps if v is not None), default=None)
+    am = max((v for v in as_ if v is not None), default=None)
+    if pm is None or am is None:
+        return [], missing
+    favors = "arena" if pm > 0 and am == 0 else "paged" if am > 0 and pm == 0 else None
+    return [Reason("host_syncs", favors, "measured", f"blocking host waits per step: paged {pm}, arena {am}",
+                   {"paged": pm, "arena": am})], missing
+
+
+def _decide(reasons: list[Reason]) -> tuple[str | None, str | None]:
+    """The first deciding kind, in order: serving, host syncs, prefix reuse, latency."""
+    favors = {r.kind: r.favors for r in reasons}
+    for kind in ("serving", "host_syncs", "prefix_reuse", "latency"):
+        if favors.get(kind):
+            return favors[kind], kind
+    return None, None
+
+
+def recommend(d: Deployment, entries, sm: int | None = None, *, latency_tolerance: float = 0.01,
+              hit_lengths=None) -> Recommendation:
+    """Paged or arena for deployment `d` from tuned-table `entries` (kernels.dispatch) of SM `sm`
+    (default: the only SM in the entries)."""
+    entries = list(entries)
+    sms = sorted({e["sm"] for e in entries})
+    if sm is None and len(sms) == 1:
+        sm = sms[0]
+    reasons, missing, pairs = _latency_reasons(d, entries, sm, sms, latency_tolerance)
+    reasons += _memory_reasons(d, pairs)
+    reasons += _prefix_reasons(d, hit_lengths)
+    reasons.append(_serving_reason(d))
+    sync_reasons, sync_missing = _host_sync_reasons(d, sm, pairs)
+    reasons += sync_reasons
+    missing += sync_missing
+    layout, by = _decide(reasons)
     return Recommendation(layout, by, d, sm, tuple(reasons), tuple(missing))

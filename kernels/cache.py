@@ -1,4 +1,4 @@
-"""KV caches of the two layouts (DESIGN.md section 2), their allocators, and test-data helpers.
+"""KV caches of the two layouts (docs/design.md, "The two layouts"), their allocators, and test-data helpers.
 
 Host-side bookkeeping (page allocation, table rows, slot assignment) happens here, between steps.
 A decode step itself only reads the device tensors `block_table`, `ctx_lens`, `slots` and the

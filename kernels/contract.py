@@ -1,4 +1,4 @@
-"""Input validation of the four contract functions (DESIGN.md, "The functional contract").
+"""Input validation of the four contract functions (docs/design.md, "The functional contract").
 
 Every backend calls these before any work, so a bad input gets a ValueError that names the
 argument instead of a wrong answer or an illegal address.
@@ -217,7 +217,26 @@ def _check_arena_cache(ref_name, ref, B, Hkv, D, k_arena, v_arena, slots, ctx_le
 
 
 def check_paged(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask="full", window=None, scale=None) -> Dims:
-    """Validate the arguments of `paged_attention`; value checks only for CPU tensors."""
+    """Validate the arguments of `paged_attention` and resolve their sizes.
+
+    Takes exactly the arguments of `kernels.reference.paged_attention` (shapes there): q
+    [B, Qb, Hq, D], k_blk/v_blk [B, Qb, Hkv, D], k_pages/v_pages [num_pages, Hkv, page_size, D]
+    (bfloat16, float16 or float32, one dtype, contiguous, one device), block_table int32
+    [B, max_pages], ctx_lens int32 [B], mask, window, scale. Value checks (ctx_lens within
+    max_pages * page_size, used page ids in [0, num_pages)) run only for CPU tensors.
+
+    Returns:
+        Dims with page_size set and capacity = max_pages * page_size; window None for "full";
+        scale resolved (D ** -0.5 when None).
+
+    Raises:
+        ValueError whose message names the offending argument.
+
+    Example:
+        >>> dims = check_paged(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens)
+        >>> dims.group, dims.capacity  # Hq // Hkv, tokens the table can address
+        (4, 320)
+    """
     B, Qb, Hq, Hkv, D, window, scale = _check_block(q, k_blk, v_blk, mask, window, scale)
     ps, cap = _check_paged_cache("q", q, B, Hkv, D, k_pages, v_pages, block_table, ctx_lens)
     if _on_host(q):
@@ -227,7 +246,20 @@ def check_paged(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask="
 
 
 def check_arena(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, mask="full", window=None, scale=None) -> Dims:
-    """Validate the arguments of `arena_attention`; value checks only for CPU tensors."""
+    """Validate the arguments of `arena_attention` and resolve their sizes.
+
+    As `check_paged`, with k_arena/v_arena [num_slots, max_ctx, Hkv, D] and slots int32 [B]
+    instead of pages and block table. Value checks (ctx_lens <= max_ctx, slots in
+    [0, num_slots)) run only for CPU tensors.
+
+    Returns:
+        Dims with page_size None and capacity = max_ctx.
+
+    Example:
+        >>> check_arena(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens,
+        ...             mask="sliding", window=2048).window
+        2048
+    """
     B, Qb, Hq, Hkv, D, window, scale = _check_block(q, k_blk, v_blk, mask, window, scale)
     cap = _check_arena_cache("q", q, B, Hkv, D, k_arena, v_arena, slots, ctx_lens)
     if _on_host(q):
@@ -253,7 +285,19 @@ def _check_new_rows(k_new, v_new, num_new):
 
 
 def check_store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens) -> StoreDims:
-    """Validate the arguments of `store_paged`; value checks only for CPU tensors."""
+    """Validate the arguments of `store_paged` and resolve their sizes.
+
+    k_new/v_new [B, T, Hkv, D] (float dtype, matching the pages), num_new int32 [B], then the
+    paged cache as for `check_paged`. Value checks (num_new in [0, T], ctx_lens + num_new within
+    the table's capacity, the page ids those rows land on in range) run only for CPU tensors.
+
+    Returns:
+        StoreDims with rows = T and capacity = max_pages * page_size.
+
+    Example:
+        >>> check_store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens).rows
+        16
+    """
     B, T, Hkv, D = _check_new_rows(k_new, v_new, num_new)
     ps, cap = _check_paged_cache("k_new", k_new, B, Hkv, D, k_pages, v_pages, block_table, ctx_lens)
     if _on_host(k_new):
@@ -263,7 +307,19 @@ def check_store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_
 
 
 def check_store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens) -> StoreDims:
-    """Validate the arguments of `store_arena`; value checks only for CPU tensors."""
+    """Validate the arguments of `store_arena` and resolve their sizes.
+
+    k_new/v_new [B, T, Hkv, D], num_new int32 [B], then the arena as for `check_arena`. Value
+    checks (as `check_store_paged`, plus distinct slots: two requests writing one slot would
+    race) run only for CPU tensors.
+
+    Returns:
+        StoreDims with page_size None and capacity = max_ctx.
+
+    Example:
+        >>> check_store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens).capacity
+        512
+    """
     B, T, Hkv, D = _check_new_rows(k_new, v_new, num_new)
     cap = _check_arena_cache("k_new", k_new, B, Hkv, D, k_arena, v_arena, slots, ctx_lens)
     if _on_host(k_new):

@@ -1,4 +1,4 @@
-"""Drafter geometries from public model configs (DESIGN.md section 1).
+"""Drafter geometries from public model configs (docs/design.md, "The problem").
 
 Each entry names the Hugging Face config it was read from. Field mapping: num_hidden_layers ->
 num_layers, num_attention_heads / num_key_value_heads -> heads, head_dim, block_size, and
@@ -32,6 +32,12 @@ PRESETS: dict[str, Geometry] = {
 
 
 def get_preset(name: str) -> Geometry:
+    """The Geometry of a named drafter (a key of PRESETS); ValueError listing the known names
+    otherwise.
+
+    >>> get_preset("laguna-dflash").group
+    9
+    """
     try:
         return PRESETS[name]
     except KeyError:

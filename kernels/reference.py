@@ -71,7 +71,37 @@ def _gather_pages(pages: torch.Tensor, table: torch.Tensor, live: torch.Tensor) 
 
 
 def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *, mask="full", window=None, scale=None):
-    """Drafter block attention over a paged context (DESIGN.md contract) -> [B, Qb, Hq, D]."""
+    """Drafter block attention over a paged context: the block attends to [context ; block].
+
+    docs/design.md, "The problem" (math, masks) and "The functional contract".
+
+    Args:
+        q: [B, Qb, Hq, D] block queries at positions ctx_lens[b] + i; bfloat16, float16 or float32.
+        k_blk, v_blk: [B, Qb, Hkv, D] the block's own keys/values, same dtype; Hq % Hkv == 0.
+        k_pages, v_pages: [num_pages, Hkv, page_size, D] HND pages, same dtype; page_size a
+            power of two.
+        block_table: int32 [B, max_pages]; column c of request b is the page of positions
+            c * page_size ...; columns past the context are never read.
+        ctx_lens: int32 [B] committed context length P_b (the block not included).
+        mask: "full", "sliding" or "sliding_causal".
+        window: W for the sliding masks (required there, ignored for "full").
+        scale: score scale; None means D ** -0.5.
+
+    Returns:
+        [B, Qb, Hq, D] in q's dtype (computed in float32).
+
+    Raises:
+        ValueError naming the argument when an input breaks the contract (kernels.contract).
+
+    Example:
+        >>> g = get_preset("qwen3-8b-dflash-b16")  # Hq 32, Hkv 8, D 128, Qb 16
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> k_pages, v_pages, table, lens = random_paged_context(g, [100, 300], 64, "cpu", gen)
+        >>> q = torch.randn(2, 16, 32, 128).bfloat16()
+        >>> k_blk = torch.randn(2, 16, 8, 128).bfloat16()
+        >>> paged_attention(q, k_blk, k_blk, k_pages, v_pages, table, lens).shape
+        torch.Size([2, 16, 32, 128])
+    """
     d = check_paged(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask, window, scale)
     ps = d.page_size
     columns = torch.arange(block_table.shape[1], device=q.device)
@@ -82,7 +112,30 @@ def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
 
 
 def arena_attention(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *, mask="full", window=None, scale=None):
-    """Drafter block attention over an arena context (DESIGN.md contract) -> [B, Qb, Hq, D]."""
+    """Drafter block attention over an arena context; as `paged_attention` but for a dense cache.
+
+    docs/design.md, "The two layouts" and "The functional contract".
+
+    Args:
+        q: [B, Qb, Hq, D]; k_blk, v_blk: [B, Qb, Hkv, D] (as for `paged_attention`).
+        k_arena, v_arena: [num_slots, max_ctx, Hkv, D], same dtype as q.
+        slots: int32 [B], the arena slot of each request (may repeat: reading is shared).
+        ctx_lens: int32 [B] committed context length P_b <= max_ctx.
+        mask, window, scale: as for `paged_attention`.
+
+    Returns:
+        [B, Qb, Hq, D] in q's dtype.
+
+    Example:
+        >>> g = get_preset("dflash2-w2048")  # sliding window 2048
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> k_arena, v_arena, slots, lens = random_arena_context(g, [100, 300], 512, "cpu", gen)
+        >>> q = torch.randn(2, 16, 32, 128).bfloat16()
+        >>> k_blk = torch.randn(2, 16, 8, 128).bfloat16()
+        >>> arena_attention(q, k_blk, k_blk, k_arena, v_arena, slots, lens,
+        ...                 mask="sliding", window=2048).shape
+        torch.Size([2, 16, 32, 128])
+    """
     d = check_arena(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, mask, window, scale)
     ids = slots.long()
     return _attend(q, k_blk, v_blk, k_arena[ids], v_arena[ids], ctx_lens, d)
@@ -128,7 +181,31 @@ def _store(k_new, v_new, num_new, ctx_lens, k_view, v_view, locate) -> None:
 
 
 def store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens) -> None:
-    """Write rows j < num_new[b] at positions P_b + j of the paged cache, then ctx_lens += num_new."""
+    """Context store: write rows j < num_new[b] at positions P_b + j of the pages, in place,
+    then ctx_lens += num_new (on the tensors' device; the host never reads the counts).
+
+    docs/design.md, "The problem" (the store) and "The functional contract".
+
+    Args:
+        k_new, v_new: [B, T, Hkv, D] candidate rows (T = Qb in a decode step, a prompt chunk
+            when a context is first stored); bfloat16, float16 or float32.
+        num_new: int32 [B] how many leading rows of each request are valid, in [0, T].
+        k_pages, v_pages: [num_pages, Hkv, page_size, D], same dtype; written in place.
+        block_table: int32 [B, max_pages]; must cover positions up to ctx_lens + num_new.
+        ctx_lens: int32 [B] P_b; advanced in place by num_new.
+
+    Rows j >= num_new[b] change nothing, so the call keeps one shape for any acceptance.
+
+    Example:
+        >>> g = get_preset("qwen3-8b-dflash-b16")
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> k_pages, v_pages, table, lens = random_paged_context(g, [100, 300], 64, "cpu", gen)
+        >>> k_new = torch.randn(2, 16, 8, 128).bfloat16()
+        >>> store_paged(k_new, k_new, torch.tensor([3, 16], dtype=torch.int32),
+        ...             k_pages, v_pages, table, lens)
+        >>> lens.tolist()
+        [103, 316]
+    """
     d = check_store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens)
     if d.capacity == 0:  # no table columns: nothing can be written (num_new must be 0)
         ctx_lens.add_(num_new)
@@ -149,7 +226,25 @@ def store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens) 
 
 
 def store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens) -> None:
-    """Write rows j < num_new[b] at arena[slots[b], P_b + j], then ctx_lens += num_new."""
+    """Context store into the arena: rows j < num_new[b] go to arena[slots[b], P_b + j], in
+    place, then ctx_lens += num_new.
+
+    Args:
+        k_new, v_new: [B, T, Hkv, D]; num_new: int32 [B] in [0, T] (as for `store_paged`).
+        k_arena, v_arena: [num_slots, max_ctx, Hkv, D], same dtype; written in place.
+        slots: int32 [B], distinct (two requests writing one slot would race).
+        ctx_lens: int32 [B] P_b; ctx_lens + num_new must stay <= max_ctx.
+
+    Example:
+        >>> g = get_preset("qwen3-8b-dflash-b16")
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> k_arena, v_arena, slots, lens = random_arena_context(g, [100, 300], 512, "cpu", gen)
+        >>> k_new = torch.randn(2, 16, 8, 128).bfloat16()
+        >>> store_arena(k_new, k_new, torch.tensor([16, 0], dtype=torch.int32),
+        ...             k_arena, v_arena, slots, lens)
+        >>> lens.tolist()
+        [116, 300]
+    """
     d = check_store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens)
     if d.capacity == 0:
         ctx_lens.add_(num_new)

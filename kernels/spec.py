@@ -43,7 +43,7 @@ def resolve_window(mask: str, window) -> int | None:
 
 @dataclass(frozen=True)
 class Geometry:
-    """Attention geometry of one drafter layer stack (see DESIGN.md section 1).
+    """Attention geometry of one drafter layer stack (docs/design.md, "The problem").
 
     `window` given with mask="full" is accepted and normalised to None, so two geometries that
     attend identically compare (and hash, and key a database) equal.
@@ -112,6 +112,16 @@ class Problem:
         check_positive_int("batch", self.batch)
         if not isinstance(self.ctx_len, int) or isinstance(self.ctx_len, bool) or self.ctx_len < 0:
             raise ValueError(f"ctx_len must be a non-negative integer, got {self.ctx_len!r}")
+
+    @classmethod
+    def from_dims(cls, dims, ctx_len: int) -> Problem:
+        """The one-layer problem of a validated attention call (`kernels.contract.Dims`, as
+        `check_paged` / `check_arena` return it) at context length `ctx_len`; the layout is paged
+        when the call has a page size."""
+        geometry = Geometry(dims.num_q_heads, dims.num_kv_heads, dims.head_dim, dims.block_size,
+                            dims.mask, dims.window, 1, str(dims.dtype).removeprefix("torch."))
+        layout = "arena" if dims.page_size is None else "paged"
+        return cls(geometry, layout, dims.page_size, dims.batch, ctx_len)
 
     def key(self) -> dict:
         """All fields as one flat dict (geometry fields inlined), e.g. for database rows."""

@@ -25,7 +25,7 @@ def random_block(geometry: Geometry, batch: int, device, generator):
 
 
 def _visible(mask: str, window, qp: int, kp: int) -> bool:
-    # DESIGN.md's mask table, literally, on absolute positions.
+    # The masks of docs/design.md, "The problem", literally, on absolute positions.
     if mask == "full":
         return True
     if mask == "sliding":

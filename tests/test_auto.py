@@ -93,6 +93,33 @@ def test_missing_measurements_are_said_not_guessed(tmp_path):
     assert rec.layout == "paged" and rec.missing
 
 
+def test_several_sms_need_one_chosen(tmp_path):
+    both = entries(tmp_path) + [dict(e, sm=100) for e in entries(tmp_path)]
+    rec = recommend(dep(), both)
+    assert rec.sm is None and rec.layout is None
+    assert rec.missing[0] == "no SM chosen (the measurements hold SMs [90, 100]): give one"
+    assert "latency" not in {r.kind for r in rec.reasons}
+    assert recommend(dep(), both, sm=100).layout == "paged"
+
+
+def test_measured_workspace_is_reported(tmp_path):
+    rec = recommend(dep(), entries(tmp_path))
+    ws = next(r for r in rec.reasons if r.kind == "workspace")
+    # the fake rows: arena 1 MiB, paged 2 MiB; the largest compared context speaks
+    assert ws.basis == "measured" and ws.favors is None
+    assert ws.data == {"paged": 2 << 20, "arena": 1 << 20}
+    assert "ctx 8192: paged 2.0 MiB, arena 1.0 MiB" in ws.text
+
+
+def test_host_syncs_missing_for_some_pairs(tmp_path):
+    rows = [dict(e, syncs=None) if e["layout"] == "paged" and e["ctx_len"] == 2048 else e
+            for e in entries(tmp_path, arena_syncs=1)]
+    rec = recommend(dep(), rows)
+    assert any("not measured for every pair" in m for m in rec.missing)
+    s = next(r for r in rec.reasons if r.kind == "host_syncs")
+    assert s.data == {"paged": 0, "arena": 1} and rec.decided_by == "host_syncs" and rec.layout == "paged"
+
+
 def test_memory_by_hand():
     # qwen3-8b-dflash-b16: 5 layers x 8 KV heads x 128 x bf16: 2*5*8*128*2 = 20480 bytes a token
     d = dep(max_ctx=1000, concurrency=4, mean_ctx=100)

@@ -74,7 +74,7 @@ def test_problem_key_is_flat_and_complete():
 
 
 def test_presets_match_design_table():
-    table = {  # DESIGN.md section 1: layers, Hq, Hkv, D, Qb, mask, window
+    table = {  # docs/design.md, "The problem": layers, Hq, Hkv, D, Qb, mask, window
         "qwen3-8b-dflash-b16": (5, 32, 8, 128, 16, "full", None),
         "qwen3-coder-30b-dflash": (8, 32, 4, 128, 16, "full", None),
         "gpt-oss-20b-dflash": (8, 64, 8, 64, 8, "full", None),
@@ -95,3 +95,20 @@ def test_presets_match_design_table():
 def test_unknown_preset_lists_known_names():
     with pytest.raises(ValueError, match=r"unknown preset 'qwen9'; known presets: qwen3-8b-dflash-b16, .*laguna-dflash"):
         get_preset("qwen9")
+
+
+def test_problem_from_contract_dims():
+    from drafter_attn.kernels.cache import random_arena_context, random_paged_context
+    from drafter_attn.kernels.contract import check_arena, check_paged
+
+    g = get_preset("mimo-dflash").with_(dtype="float16")  # 64/8 heads, D 128, Qb 8, sliding 1024
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 8, 64, 128, generator=gen).half()
+    k_blk = torch.randn(2, 8, 8, 128, generator=gen).half()
+    paged = random_paged_context(g, [10, 70], 32, "cpu", gen)
+    dims = check_paged(q, k_blk, k_blk, *paged, mask="sliding", window=1024)
+    assert Problem.from_dims(dims, dims.capacity) == Problem(g.with_(num_layers=1), "paged", 32, 2, 96)
+    arena = random_arena_context(g, [10, 70], 128, "cpu", gen)
+    dims = check_arena(q, k_blk, k_blk, *arena, mask="full")
+    want = g.with_(num_layers=1, mask="full", window=None)
+    assert Problem.from_dims(dims, 0) == Problem(want, "arena", None, 2, 0)
