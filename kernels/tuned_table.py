@@ -417,14 +417,16 @@ def mismatch(entry: Entry, env: Environment, classes: Mapping) -> str | None:
         return (f"gpu: expected {env.gpu_name!r} (or a gpu_classes entry listing it), "
                 f"found {prov.get('gpu')!r}")
     checked = _versions_checked(entry)
-    if checked and env.sources_hash is not None and prov.get("sources_hash") != env.sources_hash:
-        return (f"sources_hash: expected {env.sources_hash[:12]} (these kernel sources), "
-                f"found {str(prov.get('sources_hash'))[:12]}")
+    found = prov.get("sources_hash")
+    if checked and env.sources_hash is not None and found != env.sources_hash:
+        short = lambda h: h[:12] if isinstance(h, str) else h  # noqa: E731 (hashes are long)
+        return (f"sources_hash: expected {short(env.sources_hash)!r} (these kernel sources), "
+                f"found {short(found)!r}")
     recorded = prov.get("versions") if isinstance(prov.get("versions"), Mapping) else {}
     for lib in checked:
         want = env.versions.get(lib)
         if want is not None and recorded.get(lib) != want:
-            return f"{lib} version: expected {want}, found {recorded.get(lib)}"
+            return f"{lib} version: expected {want!r}, found {recorded.get(lib)!r}"
     return None
 
 

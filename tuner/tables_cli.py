@@ -47,6 +47,15 @@ def _hit_lengths(text: str) -> list[int]:
     return out
 
 
+def _default_source(sm, kinds) -> Path:
+    """$DRAFTER_TUNED_TABLE/$DRAFTER_DB, else what ships for the SM (--sm, else this GPU's),
+    else the default database."""
+    from drafter_attn.kernels.shipped import find_default, gpu_sm
+
+    sms = [sm] if isinstance(sm, int) else list(sm or [])
+    return find_default(sms[0] if len(sms) == 1 else gpu_sm(), kinds) or default_path()
+
+
 def _fail(command: str, exc: Exception) -> int:
     print(f"tuner {command}: {exc}", file=sys.stderr)
     return 2
@@ -59,7 +68,7 @@ def cmd_export(args) -> int:
     from drafter_attn.kernels.dispatch import TableError
     from drafter_attn.tuner.export import export_table, write_table
 
-    path = args.db or default_path()
+    path = args.db or _default_source(args.sm, ("db",))
     try:
         table = export_table(path, args.sm, include_predicted=args.include_predicted,
                              resolve_commits=not args.no_commits)
@@ -132,7 +141,7 @@ def cmd_auto(args) -> int:
                        args.serving, args.mean_ctx)
     except ValueError as exc:
         return _fail("auto", exc)
-    source = Path(args.table or args.db or default_path())
+    source = Path(args.table or args.db or _default_source(args.sm, ("table", "db")))
     entries: list = []
     note = None
     if source.exists():
