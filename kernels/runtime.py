@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass
 
 from drafter_attn.kernels.dispatcher import CURRENT, Dispatcher, Pick, fmt_params, reference_pick
-from drafter_attn.kernels.shipped import find_default, gpu_sm
+from drafter_attn.kernels.shipped import find_default
 from drafter_attn.kernels.spec import Geometry, Problem
 from drafter_attn.kernels.tuned_table import TableError
 
@@ -54,7 +54,7 @@ class Runtime:
         self.geometry = geometry
         self.table_error: Exception | None = None
         if table is None:
-            table = find_default(sm if sm is not None else gpu_sm())
+            table = find_default(sm)
         if isinstance(table, Dispatcher):
             self.dispatcher = table
         elif table is None:

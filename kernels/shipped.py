@@ -36,14 +36,15 @@ def gpu_sm() -> int | None:
         return None
 
 
-def find_default(sm: int | None, kinds=("table", "db")) -> Path | None:
+def find_default(sm: int | None = None, kinds=("table", "db")) -> Path | None:
     """The measurements to read: the first of `kinds` set in its environment variable, else the
-    first of `kinds` shipped for SM `sm`; None when there is none (or `sm` is None)."""
+    first of `kinds` shipped for SM `sm` (None: the current GPU's); None when there is none."""
     for kind in kinds:
         value = os.environ.get(ENV_VARS[kind])
         if value:
             return Path(value).expanduser()
     folder = shipped_dir()
+    sm = gpu_sm() if sm is None else sm
     if sm is None or folder is None:
         return None
     for kind in kinds:

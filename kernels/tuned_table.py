@@ -172,6 +172,17 @@ class Candidate:
 _INT_FIELDS = ("sm", "num_q_heads", "num_kv_heads", "head_dim", "block_size", "batch", "ctx_len")
 
 
+def _check_problem(d: Mapping, where: str) -> dict:
+    """The problem fields of an entry or a database row, type-checked (SQLite columns take any
+    type); returns the integer ones."""
+    ints = {f: _typed(d.get(f), int, f"{where}{f}") for f in _INT_FIELDS}
+    for f in ("mask", "dtype", "layout"):
+        _typed(d.get(f), str, f"{where}{f}")
+    for f in ("window", "page_size"):
+        _typed(d.get(f), int, f"{where}{f}", optional=True)
+    return ints
+
+
 @dataclass(frozen=True, eq=False)
 class Entry(Mapping):
     """One tuned entry, checked and typed once. It also reads as the JSON object it came from
@@ -192,11 +203,7 @@ class Entry(Mapping):
         """The typed entry of JSON object `d`; EntryError naming the field when it is unusable."""
         if not isinstance(d, Mapping):
             raise EntryError(f"{where} is not an object")
-        ints = {f: _typed(d.get(f), int, f"{where}.{f}") for f in _INT_FIELDS}
-        for f in ("mask", "dtype", "layout"):
-            _typed(d.get(f), str, f"{where}.{f}")
-        for f in ("window", "page_size"):
-            _typed(d.get(f), int, f"{where}.{f}", optional=True)
+        ints = _check_problem(d, f"{where}.")
         layers = _typed(d.get("num_layers", 1), int, f"{where}.num_layers", optional=True) or 1
         winner = Candidate.parse(d, layers, where)
         stored = d.get("per_layer_us")
@@ -281,6 +288,7 @@ def _row_rank(row: dict) -> tuple:
 
 def _clean_row(row: dict) -> dict:
     """A result row with its params parsed and its per-layer latency; EntryError when unusable."""
+    _check_problem(row, "")
     out = dict(row)
     out["params"] = _params_of(row.get("params"))
     layers = _typed(row.get("num_layers"), int, "num_layers", optional=True)
@@ -530,7 +538,7 @@ def _backend_problem(entry: Entry) -> str | None:
             registry.check_params(registry.get(c.impl), dict(c.params))
         except registry.BackendUnavailable:
             continue
-        except ValueError as exc:
+        except Exception as exc:  # ValueError naming the parameter, or a broken backend
             return f"{c.impl}: {exc}"
     return None
 
@@ -549,6 +557,8 @@ def parse_entries(raw, where: str, *, env: Environment | None = None, gpu_classe
                 mismatch(e, env, gpu_classes or {}) if env else None)
         except EntryError as exc:
             why = str(exc).removeprefix(f"entries[{i}].").removeprefix(f"entries[{i}] ")
+        except Exception as exc:  # whatever an entry holds, loading goes on
+            why = f"{type(exc).__name__}: {exc}"
         if why:
             skipped.append((f"entries[{i}]", why))
         elif include_predicted or e.kind != "predicted":

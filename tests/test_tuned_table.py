@@ -247,6 +247,17 @@ def test_db_row_with_non_json_params(tmp_path, here, gen, capsys):
                      "--concurrency", "4", "--table", str(path), "--sm", "90"]) == 0
 
 
+def test_db_row_with_a_text_problem_column(tmp_path, here):
+    # SQLite keeps text in an INTEGER column; sorting it against numbers must not raise
+    path = _bad_params_db(tmp_path)
+    c = sqlite3.connect(path)
+    c.execute("UPDATE results SET params = '{}', batch = 'eight' WHERE batch = 2")
+    c.commit()
+    c.close()
+    with pytest.warns(RuntimeWarning, match="1 rows left out.*batch must be int, got 'eight'"):
+        assert [e["batch"] for e in export.export_table(path, resolve_commits=False)["entries"]] == [4]
+
+
 def test_duplicate_entries_with_a_string_per_layer_us(tmp_path, here):
     doc = make_table([_entry(50.0, 5, per_layer_us="10"), _entry(40.0, 5, per_layer_us="8")])
     path = tmp_path / "t.json"

@@ -19,7 +19,6 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from drafter_attn.kernels import dispatcher, tuned_table
-from drafter_attn.tuner.db import ProfileDB
 
 REPO = Path(__file__).resolve().parent.parent
 CUDA_DIR = "kernels/cuda"
@@ -93,13 +92,9 @@ def export_table(db_path, sms=None, *, include_predicted: bool = False, resolve_
     """The tuned table of `db_path` (SMs `sms`, default all): winners with provenance. Rows
     that cannot be read are left out with a warning. `gpu_classes` ({class: [GPU names]})
     declares GPUs that may use each other's entries."""
-    sql = tuned_table.DB_ROWS_SQL
-    args: list = []
-    if sms:
-        sql += f" AND e.sm IN ({', '.join('?' * len(sms))})"
-        args += list(sms)
-    with ProfileDB(db_path, create=False) as db:
-        rows = db.query(sql, args)
+    # read-only (immutable where the file's folder is), as the runtime reads it: exporting
+    # never writes to the database, and works on an installed package's read-only profiles
+    rows = [r for r in tuned_table.read_db_rows(db_path) if not sms or r["sm"] in sms]
     entries = tuned_table.select_entries(rows, include_predicted=include_predicted,
                                          where=f"profile database {db_path}")
     if resolve_commits:

@@ -50,10 +50,10 @@ def _hit_lengths(text: str) -> list[int]:
 def _default_source(sm, kinds) -> Path:
     """$DRAFTER_TUNED_TABLE/$DRAFTER_DB, else what ships for the SM (--sm, else this GPU's),
     else the default database."""
-    from drafter_attn.kernels.shipped import find_default, gpu_sm
+    from drafter_attn.kernels.shipped import find_default
 
     sms = [sm] if isinstance(sm, int) else list(sm or [])
-    return find_default(sms[0] if len(sms) == 1 else gpu_sm(), kinds) or default_path()
+    return find_default(sms[0] if len(sms) == 1 else None, kinds) or default_path()
 
 
 def _fail(command: str, exc: Exception) -> int:
