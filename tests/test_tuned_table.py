@@ -103,6 +103,17 @@ def test_gpu_classes_declare_compatible_gpus(tmp_path):
         Dispatcher.load(_table(tmp_path, gpu_classes={"hopper": "NVIDIA H200"}))
 
 
+def test_export_declares_gpu_classes(tmp_path, capsys):
+    out = tmp_path / "t.json"
+    assert main(["export", "--db", str(_db(tmp_path)), "--no-commits", "--out", str(out),
+                 "--gpu-class", "hopper=NVIDIA H200, NVIDIA H100 80GB HBM3"]) == 0
+    h100 = Environment("NVIDIA H100 80GB HBM3", "src-a", {"nvrtc": "13.0"})
+    assert Dispatcher.load(out, env=h100).pick(_problem(), 90).tier == "exact"
+    with pytest.raises(SystemExit):
+        main(["export", "--gpu-class", "hopper", "--out", str(out)])
+    assert "expected CLASS=GPU" in capsys.readouterr().err
+
+
 def test_export_records_what_the_runtime_compares(tmp_path):
     e = json.loads(_table(tmp_path).read_text())["entries"][0]
     prov = e["provenance"]
