@@ -210,8 +210,8 @@ def check_params(backend, params: dict) -> dict:
     schema = param_schema(backend)
     unknown = sorted(set(params) - set(schema))
     if unknown:
-        known = f"known: {', '.join(schema)}" if schema else "it has no tunable parameters"
-        raise ValueError(f"backend {name!r}: unknown parameter(s) {unknown}; {known}")
+        known = f"known: {', '.join(schema)}" if schema else f"backend {name!r} has no tunable parameters"
+        raise ValueError(f"unknown {name} params {unknown}; {known}")
     return {k: _check_value(name, k, v, *schema[k]) for k, v in params.items()}
 
 

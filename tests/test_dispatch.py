@@ -142,7 +142,7 @@ def test_supports_is_checked_before_a_choice(tmp_path, fakes):
 
 @pytest.mark.parametrize("impl, params, message", [
     ("no-such-backend", {}, "unknown backend 'no-such-backend'"),
-    ("fake-b", {"bogus": 1}, r"unknown parameter\(s\) \['bogus'\]"),
+    ("fake-b", {"bogus": 1}, r"unknown fake-b params \['bogus'\]"),
     ("reference", {"tile_n": 64}, "reference.*no tunable parameters"),
 ])
 def test_entries_that_do_nothing_are_flagged_at_load(tmp_path, fakes, impl, params, message):
