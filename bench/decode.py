@@ -186,13 +186,14 @@ def load_dispatcher(table=None):
     """(kernels.dispatch.Dispatcher, what it reads). The table is $DRAFTER_TUNED_TABLE when set,
     else `table` (bench passes its profile database); one that is missing or unusable gives the
     dispatcher's default heuristic."""
-    from drafter_attn.kernels.dispatch import Dispatcher
+    from drafter_attn.kernels.dispatcher import CURRENT, Dispatcher
 
     source = os.environ.get("DRAFTER_TUNED_TABLE") or table
     if source is None or not Path(source).exists():
         return Dispatcher(), "kernels.dispatch, default heuristic" + (f" ({source} does not exist)" if source else "")
     try:
-        return Dispatcher.load(source), f"kernels.dispatch over {source}"
+        # env=CURRENT: entries measured on another GPU or other kernel sources are misses
+        return Dispatcher.load(source, env=CURRENT), f"kernels.dispatch over {source}"
     except Exception as exc:  # TableError: unreadable, foreign, another schema
         return Dispatcher(), f"kernels.dispatch, default heuristic ({source} unusable: {exc})"
 

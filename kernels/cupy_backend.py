@@ -317,12 +317,9 @@ class CupyBackend:
         return dataclasses.asdict(self._kernels.default_params(problem))
 
     def with_params(self, **params) -> CupyBackend:
-        known = [f.name for f in dataclasses.fields(self._kernels.Params)]
-        unknown = set(params) - set(known)
-        if unknown:
-            raise ValueError(f"unknown {self.name} params {sorted(unknown)}; known: {known}")
-        bools = {f.name for f in dataclasses.fields(self._kernels.Params) if "bool" in str(f.type)}
-        params = {k: bool(v) if k in bools and v in (0, 1) else v for k, v in params.items()}
+        from drafter_attn.kernels import registry
+
+        params = registry.check_params(self, params)  # values become NVRTC options: typed, ranged
         merged = {**dict(self.overrides), **params}
         return dataclasses.replace(self, overrides=tuple(sorted(merged.items())))
 

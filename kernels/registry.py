@@ -8,6 +8,7 @@ not installed, and only asking for that backend reports what is missing.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 from typing import Callable, Protocol, runtime_checkable
@@ -21,6 +22,8 @@ class Backend(Protocol):
     """What every backend offers. The four functions keep the signatures of `kernels.reference`."""
 
     name: str
+    # Optional: the tensor device types the backend runs on (default: ("cuda",)); the runtime
+    # sends tensors elsewhere to the reference.
 
     def paged_attention(self, q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
                         mask="full", window=None, scale=None): ...
@@ -49,6 +52,7 @@ class ReferenceBackend:
     """The torch reference: runs every problem, has nothing to tune."""
 
     name = "reference"
+    device_types = ("cpu", "cuda")
     paged_attention = staticmethod(reference.paged_attention)
     arena_attention = staticmethod(reference.arena_attention)
     store_paged = staticmethod(reference.store_paged)
@@ -140,6 +144,82 @@ def get(name: str) -> Backend:
     return backend
 
 
+# ---------------------------------------------------------------------------------------------
+# Parameter values: checked here, before any backend binds them. Compiled backends turn them
+# into compiler options, so only ints, bools and None (where a field allows it) ever pass.
+
+# Free integer knobs: a sane range (and powers of two where the kernels need them). Integer
+# knobs not listed take the values of the backend's `tunables()` (or its default).
+PARAM_RANGES = {
+    "tile_n": (16, 256, True),  # (low, high, power of two)
+    "stages": (2, 8, False),
+    "num_splits": (0, 128, False),
+    "min_ctas": (1, 32, False),
+}
+_TYPE_NAMES = {"int": int, "bool": bool, "None": type(None)}
+
+
+def _field_types(field) -> set:
+    text = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
+    return {_TYPE_NAMES[t.strip()] for t in text.replace("Optional[", "None|").strip("]").split("|")
+            if t.strip() in _TYPE_NAMES}
+
+
+def param_schema(backend) -> dict[str, tuple[set, object, list]]:
+    """name -> (allowed types, default, candidate values) of `backend`'s parameters: from its
+    Params dataclass when it has one (`params_for(None)`), else from its `tunables(None)`."""
+    tunables = backend.tunables(None) or {}
+    params_for = getattr(backend, "params_for", None)
+    sample = params_for(None) if params_for is not None else None
+    if dataclasses.is_dataclass(sample):
+        return {f.name: (_field_types(f), getattr(sample, f.name), list(tunables.get(f.name, [])))
+                for f in dataclasses.fields(sample)}
+    defaults = backend.default_params(None) or {}
+    return {name: ({type(v) for v in values} | {type(defaults.get(name))}, defaults.get(name), list(values))
+            for name, values in tunables.items()}
+
+
+def _check_value(backend_name: str, name: str, value, types_, default, values):
+    where = f"backend {backend_name!r}: parameter {name}={value!r}"
+    if value is None:
+        if type(None) in types_:
+            return None
+        raise ValueError(f"{where} must not be None")
+    if bool in types_ and int not in types_:
+        if isinstance(value, int) and value in (0, 1):  # bool is an int; 0/1 from specs
+            return bool(value)
+        raise ValueError(f"{where} must be true or false")
+    if int not in types_ or isinstance(value, bool) or not isinstance(value, int):
+        kinds = " or ".join(t.__name__ for t in (int, bool, type(None)) if t in types_) or "nothing"
+        raise ValueError(f"{where} must be {kinds}")
+    if name in PARAM_RANGES:
+        low, high, pow2 = PARAM_RANGES[name]
+        if not low <= value <= high or (pow2 and value & (value - 1)):
+            two = "a power of two " if pow2 else ""
+            raise ValueError(f"{where} must be {two}from {low} to {high}")
+    elif value not in [*values, default]:
+        raise ValueError(f"{where} must be one of {sorted({*values, default}, key=str)}")
+    return value
+
+
+def check_params(backend, params: dict) -> dict:
+    """`params` checked against `backend`'s parameters: known names, types (int, bool, None
+    where allowed: nothing else ever reaches a compiler) and ranges; returns them normalised
+    (0/1 as bools). Raises ValueError naming the parameter."""
+    name = getattr(backend, "name", type(backend).__name__)
+    schema = param_schema(backend)
+    unknown = sorted(set(params) - set(schema))
+    if unknown:
+        known = f"known: {', '.join(schema)}" if schema else f"backend {name!r} has no tunable parameters"
+        raise ValueError(f"unknown {name} params {unknown}; {known}")
+    return {k: _check_value(name, k, v, *schema[k]) for k, v in params.items()}
+
+
+def bind(backend, params: dict):
+    """`backend` bound to `params`, checked first (ValueError naming a bad parameter)."""
+    return backend.with_params(**check_params(backend, params)) if params else backend
+
+
 def _value(text: str):
     text = text.strip()
     low = text.lower()
@@ -167,10 +247,9 @@ def parse_spec(spec: str) -> tuple[str, dict]:
 
 
 def from_spec(spec: str) -> Backend:
-    """A backend from a spec (see parse_spec), bound to its parameters."""
+    """A backend from a spec (see parse_spec), bound to its checked parameters."""
     name, kv = parse_spec(spec)
-    backend = get(name)
-    return backend.with_params(**kv) if kv else backend
+    return bind(get(name), kv)
 
 
 register("reference", ReferenceBackend)

@@ -4,7 +4,7 @@ OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 # The suite imports as `drafter_attn.{kernels,tuner,bench}` (pyproject's package-dir mapping);
 # without a pip install, a folder of links gives the checkout that namespace.
 mkdir -p /tmp/da/drafter_attn
-for pkg in kernels tuner bench; do ln -sfn "$PWD/$pkg" "/tmp/da/drafter_attn/$pkg"; done
+for pkg in kernels tuner bench profiles; do ln -sfn "$PWD/$pkg" "/tmp/da/drafter_attn/$pkg"; done
 export PYTHONPATH=/tmp/da
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl

@@ -208,8 +208,10 @@ def test_backend_protocol_and_supports():
     assert "head_dim 96" in backend.supports(Problem(Geometry(8, 2, 96, 16), "paged", 64, 1, 10))
     assert "query rows exceed" in backend.supports(Problem(Geometry(32, 1, 128, 16), "arena",
                                                            None, 1, 10))
-    assert "power of two from 16" in backend.with_params(tile_n=8).supports(main)
-    assert "stages 1 < 2" in backend.with_params(stages=1).supports(main)
+    with pytest.raises(ValueError, match="tile_n=8 must be a power of two from 16"):
+        backend.with_params(tile_n=8)  # out-of-range values are refused before any compile
+    with pytest.raises(ValueError, match="stages=1 must be from 2"):
+        backend.with_params(stages=1)
     assert "smem" in backend.with_params(tile_n=128, stages=4).supports(
         Problem(PRESETS["laguna-dflash"], "paged", 64, 1, 10))
     # wgmma=True: warpgroup MMAs on sm_90 for whole 64-row warpgroups, mma.sync otherwise

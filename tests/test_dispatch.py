@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from drafter_attn.kernels import dispatch, reference, registry
+from drafter_attn.kernels import dispatch, reference, registry, tuned_table
 from drafter_attn.kernels.cache import random_arena_context, random_paged_context
 from drafter_attn.kernels.dispatch import Dispatcher, Runtime, TableError, bucket
 from drafter_attn.kernels.spec import Problem
@@ -48,8 +48,18 @@ def db(tmp_path):
     return path
 
 
+@pytest.fixture(autouse=True)
+def fakes_environment(monkeypatch):
+    """The runtime compares entries with this process's environment: here, the one the fake
+    databases record (profile_fakes.H200, no GPU to compare)."""
+    env = tuned_table.Environment(None, H200["sources_hash"], {"nvrtc": H200["nvrtc"]})
+    monkeypatch.setattr(tuned_table, "current_environment", lambda: env)
+    return env
+
+
 @pytest.fixture
-def fakes():
+def fakes(monkeypatch):
+    monkeypatch.setattr(FakeBackend, "device_types", ("cpu", "cuda"), raising=False)
     log: list = []
     registry.register("fake-a", lambda: FakeBackend("fake-a", unsupported_head_dims=(128,), log=log))
     registry.register("fake-b", lambda: FakeBackend("fake-b", log=log))
@@ -128,18 +138,27 @@ def test_supports_is_checked_before_a_choice(tmp_path, fakes):
     pick = d.pick(_p(8, 2048), sm=90)
     assert pick.tier == "exact" and pick.impl == "fake-b" and "alternative 1" in pick.reason
     assert "fake-a[tile=2] skipped: fake-a does not do head_dim 128" in pick.reason
-    # a table row naming an unknown backend or unknown parameters is skipped, never raised
-    rows = [dict(impl="no-such-backend", median_us=1.0), dict(impl="cupy", params={"bogus": 1}, median_us=2.0)]
-    build_db(tmp_path / "q.db", {"h": (H200, rows)})
-    pick = Dispatcher.load(tmp_path / "q.db").pick(_p(8, 2048), sm=90)
-    assert pick.tier == "default" and "no-such-backend" in pick.reason and "bogus" in pick.reason
+
+
+@pytest.mark.parametrize("impl, params, message", [
+    ("no-such-backend", {}, "unknown backend 'no-such-backend'"),
+    ("fake-b", {"bogus": 1}, r"unknown fake-b params \['bogus'\]"),
+    ("reference", {"tile_n": 64}, "reference.*no tunable parameters"),
+])
+def test_entries_that_do_nothing_are_flagged_at_load(tmp_path, fakes, impl, params, message):
+    # an entry naming an unknown backend or parameter is a miss, flagged once when loaded
+    build_db(tmp_path / "q.db", {"h": (H200, [dict(impl=impl, params=params, median_us=1.0)])})
+    with pytest.warns(RuntimeWarning, match=f"1 entries left out.*{message}") as record:
+        d = Dispatcher.load(tmp_path / "q.db")
+    assert len(record) == 1 and d.entries == []
+    assert d.pick(_p(8, 2048), sm=90).tier == "default"
 
 
 def test_pick_never_raises():
-    with pytest.raises(TableError, match=r"entries\[0\]\.num_q_heads"):
-        Dispatcher([{"sm": 90, "bad": True}])  # constructing from bad rows is an error...
-    d = Dispatcher()
-    assert d.pick("not a problem", sm=90).impl == "reference"  # ...picking never is
+    with pytest.warns(RuntimeWarning, match=r"1 entries left out.*num_q_heads must be int"):
+        d = Dispatcher([{"sm": 90, "bad": True}])  # a bad row is a miss, flagged once
+    assert d.entries == []
+    assert d.pick("not a problem", sm=90).impl == "reference"  # and picking never raises
     assert Dispatcher().pick_key((90, 32, 8, 128, 16, "nope", None, "bfloat16", "paged", 64, 8, 2048)).impl \
         == "reference"
 
@@ -253,9 +272,11 @@ def test_foreign_versions(tmp_path):
         Dispatcher.load(_table(tmp_path, version=2))
     with pytest.raises(TableError, match="bucket rules"):
         Dispatcher.load(_table(tmp_path, rules={"batch": "linear"}))
+    with pytest.raises(TableError, match="version True"):  # a bool is not a version (true == 1)
+        Dispatcher.load(_table(tmp_path, version=True))
     bad_entry = {"sm": 90, "num_q_heads": "32"}
-    with pytest.raises(TableError, match=r"entries\[0\]\.num_q_heads must be int"):
-        Dispatcher.load(_table(tmp_path, entries=[bad_entry]))
+    with pytest.warns(RuntimeWarning, match=r"num_q_heads must be int.*first entries\[0\]"):
+        assert Dispatcher.load(_table(tmp_path, entries=[bad_entry])).entries == []
     with pytest.raises(TableError, match="no such file|cannot read"):
         Dispatcher.load(tmp_path / "missing.json")
 
@@ -430,6 +451,8 @@ def test_bench_runtime_call_overhead(benchmark, tmp_path, gen):
     here returns at once)."""
 
     class Noop(FakeBackend):
+        device_types = ("cpu",)
+
         def paged_attention(self, *args, **kw):
             return None
 

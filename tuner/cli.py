@@ -156,7 +156,9 @@ def print_frame(df, fmt: str, columns=None, title: str = "") -> None:
 
 
 def cmd_show(args) -> int:
-    path = _db_path(args)
+    from drafter_attn.kernels.shipped import find_default
+
+    path = args.db or find_default(args.sm, ("db",)) or default_path()  # the shipped profile
     if args.compile:
         df = load_compile_profiles(path, args.sm)
         print_frame(df, args.format, ["sm", "arch", "variant", "kernel", "registers", "spill_bytes",

@@ -1,9 +1,10 @@
 """Tuned tables: export from the profile database, and diff two of them.
 
 `export_table` reads the database through tuner.db, keeps the winner per (SM, problem) with the
-rules of `kernels.dispatch` (the runtime reads what this writes) and adds provenance per entry,
-including the git commit whose kernel sources were measured (found by hashing kernels/cuda at
-each commit that changed it, as kernels.nvrtc.sources_digest hashes the working tree).
+rules of `kernels.tuned_table` (the runtime reads what this writes) and adds provenance per
+entry: the GPU, the kernel-source hash and the library versions the runtime compares at load,
+and the git commit whose kernel sources were measured (found by hashing kernels/cuda at each
+commit that changed it, as kernels.nvrtc.sources_digest hashes the working tree).
 
 `diff_tables` lists winner flips and slowdowns beyond a threshold between two tables.
 """
@@ -17,8 +18,7 @@ import subprocess
 from fnmatch import fnmatch
 from pathlib import Path
 
-from drafter_attn.kernels import dispatch
-from drafter_attn.tuner.db import ProfileDB
+from drafter_attn.kernels import dispatcher, tuned_table
 
 REPO = Path(__file__).resolve().parent.parent
 CUDA_DIR = "kernels/cuda"
@@ -87,16 +87,16 @@ def commit_for_sources(sources_hash: str | None, repo: Path = REPO, limit: int =
 # export
 
 
-def export_table(db_path, sms=None, *, include_predicted: bool = False, resolve_commits: bool = True) -> dict:
-    """The tuned table of `db_path` (SMs `sms`, default all): winners with provenance."""
-    sql = dispatch.DB_ROWS_SQL
-    args: list = []
-    if sms:
-        sql += f" AND e.sm IN ({', '.join('?' * len(sms))})"
-        args += list(sms)
-    with ProfileDB(db_path, create=False) as db:
-        rows = db.query(sql, args)
-    entries = dispatch.select_entries(rows, include_predicted=include_predicted)
+def export_table(db_path, sms=None, *, include_predicted: bool = False, resolve_commits: bool = True,
+                 gpu_classes: dict | None = None) -> dict:
+    """The tuned table of `db_path` (SMs `sms`, default all): winners with provenance. Rows
+    that cannot be read are left out with a warning. `gpu_classes` ({class: [GPU names]})
+    declares GPUs that may use each other's entries."""
+    # read-only (immutable where the file's folder is), as the runtime reads it: exporting
+    # never writes to the database, and works on an installed package's read-only profiles
+    rows = [r for r in tuned_table.read_db_rows(db_path) if not sms or r["sm"] in sms]
+    entries = tuned_table.select_entries(rows, include_predicted=include_predicted,
+                                         where=f"profile database {db_path}")
     if resolve_commits:
         for e in entries:
             e["provenance"]["commit"] = commit_for_sources(e["provenance"]["sources_hash"])
@@ -104,7 +104,7 @@ def export_table(db_path, sms=None, *, include_predicted: bool = False, resolve_
               "sms": sorted({e["sm"] for e in entries}), "requested_sms": list(sms) if sms else None,
               "include_predicted": include_predicted,
               "rows": len(rows), "entries": len(entries)}
-    return dispatch.make_table(entries, source)
+    return tuned_table.make_table(entries, source, gpu_classes=gpu_classes)
 
 
 def write_table(table: dict, out) -> Path:
@@ -117,51 +117,47 @@ def write_table(table: dict, out) -> Path:
 
 
 def read_table(path) -> dict:
-    """A tuned table, validated (TableError when corrupt or foreign)."""
+    """A tuned table, validated (TableError when corrupt or foreign), with its entries typed
+    (kernels.tuned_table.Entry); unusable entries are left out with a warning."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
+        text = path.read_bytes()
     except OSError as exc:
-        raise dispatch.TableError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise dispatch.TableError(f"{path} is not a JSON tuned table: {exc}") from None
-    dispatch.validate_table(doc, str(path))
-    return doc
+        raise tuned_table.TableError(f"cannot read {path}: {exc.strerror or exc}") from None
+    doc = tuned_table.parse_json(text, str(path))
+    raw = tuned_table.validate_table(doc, str(path))
+    return {**doc, "entries": tuned_table.parse_entries(raw, str(path), include_predicted=True)}
 
 
 # ---------------------------------------------------------------------------------------------
 # diff
 
 
-def entry_key(e: dict) -> tuple:
-    return (e["sm"], *(e.get(f) for f in dispatch.SHAPE_FIELDS), e["batch"], e["ctx_len"])
+describe_key = dispatcher.describe_key
 
 
-def describe_key(key: tuple) -> str:
-    return dispatch._describe(key)
+def _winner(e: tuned_table.Entry) -> str:
+    return e.winner.impl + dispatcher.fmt_params(e.winner.params)
 
 
-def _winner(e: dict) -> str:
-    return e["impl"] + dispatch._fmt(e["params"])
-
-
-def _latency(e: dict) -> float:
-    return e.get("per_layer_us") or e["median_us"] / (e.get("num_layers") or 1)
+def _typed(table: dict) -> list:
+    return tuned_table.parse_entries(table["entries"], "tuned table", include_predicted=True)
 
 
 def diff_tables(a: dict, b: dict, threshold: float = 0.05) -> dict:
-    """What changed from table `a` to table `b`: winner flips (another implementation or
-    parameter set wins), slowdowns (the winner's step latency per layer grew by more than
-    `threshold`, a fraction), speedups (shrank by more), entries only in one of them."""
-    ea = {entry_key(e): e for e in a["entries"]}
-    eb = {entry_key(e): e for e in b["entries"]}
+    """What changed from table `a` to table `b` (as `read_table` gives them): winner flips
+    (another implementation or parameter set wins), slowdowns (the winner's step latency per
+    layer grew by more than `threshold`, a fraction), speedups (shrank by more), entries only in
+    one of them."""
+    ea = {e.key: e for e in _typed(a)}
+    eb = {e.key: e for e in _typed(b)}
     flips, slowdowns, speedups = [], [], []
     for key in sorted(set(ea) & set(eb), key=lambda k: tuple(-1 if v is None else v for v in k)):
         x, y = ea[key], eb[key]
-        change = _latency(y) / _latency(x) - 1.0
-        item = {"key": describe_key(key), "a": _winner(x), "b": _winner(y), "a_us": _latency(x),
-                "b_us": _latency(y), "change": change}
-        if (x["impl"], x["params"]) != (y["impl"], y["params"]):
+        change = y.per_layer_us / x.per_layer_us - 1.0
+        item = {"key": describe_key(key), "a": _winner(x), "b": _winner(y), "a_us": x.per_layer_us,
+                "b_us": y.per_layer_us, "change": change}
+        if (x.winner.impl, dict(x.winner.params)) != (y.winner.impl, dict(y.winner.params)):
             flips.append(item)
         if change > threshold:
             slowdowns.append(item)

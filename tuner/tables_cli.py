@@ -24,6 +24,15 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
 
 
+def _gpu_class(text: str) -> tuple[str, list[str]]:
+    """CLASS=GPU[,GPU...]: GPUs whose entries serve each other (e.g. H200 and H200 NVL)."""
+    name, eq, gpus = text.partition("=")
+    members = [g.strip() for g in gpus.split(",") if g.strip()]
+    if not eq or not name.strip() or not members:
+        raise argparse.ArgumentTypeError(f"expected CLASS=GPU[,GPU...], got {text!r}")
+    return name.strip(), members
+
+
 def _hit_lengths(text: str) -> list[int]:
     """Comma-separated lengths; @FILE reads whitespace/comma-separated lengths from a file."""
     out: list[int] = []
@@ -47,6 +56,15 @@ def _hit_lengths(text: str) -> list[int]:
     return out
 
 
+def _default_source(sm, kinds) -> Path:
+    """$DRAFTER_TUNED_TABLE/$DRAFTER_DB, else what ships for the SM (--sm, else this GPU's),
+    else the default database."""
+    from drafter_attn.kernels.shipped import find_default
+
+    sms = [sm] if isinstance(sm, int) else list(sm or [])
+    return find_default(sms[0] if len(sms) == 1 else None, kinds) or default_path()
+
+
 def _fail(command: str, exc: Exception) -> int:
     print(f"tuner {command}: {exc}", file=sys.stderr)
     return 2
@@ -59,10 +77,10 @@ def cmd_export(args) -> int:
     from drafter_attn.kernels.dispatch import TableError
     from drafter_attn.tuner.export import export_table, write_table
 
-    path = args.db or default_path()
+    path = args.db or _default_source(args.sm, ("db",))
     try:
         table = export_table(path, args.sm, include_predicted=args.include_predicted,
-                             resolve_commits=not args.no_commits)
+                             resolve_commits=not args.no_commits, gpu_classes=dict(args.gpu_class or []))
     except (SchemaError, TableError) as exc:
         return _fail("export", exc)
     n = len(table["entries"])
@@ -132,7 +150,7 @@ def cmd_auto(args) -> int:
                        args.serving, args.mean_ctx)
     except ValueError as exc:
         return _fail("auto", exc)
-    source = Path(args.table or args.db or default_path())
+    source = Path(args.table or args.db or _default_source(args.sm, ("table", "db")))
     entries: list = []
     note = None
     if source.exists():
@@ -188,6 +206,9 @@ def add_commands(sub, add_db) -> None:
     p.add_argument("--include-predicted", action="store_true",
                    help="also rows of provenance 'predicted' (measured rows still win)")
     p.add_argument("--no-commits", action="store_true", help="do not look up commits in git")
+    p.add_argument("--gpu-class", action="append", type=_gpu_class, metavar="CLASS=GPU[,GPU...]",
+                   help="declare GPUs that may use each other's entries (the runtime uses an entry "
+                        "only on the GPU it was measured on, or on a GPU of its class); repeatable")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("diff", help="compare two tuned tables (winner flips, slowdowns)")

@@ -1,0 +1,228 @@
+"""The serving entry point: the four contract functions, each running the tuned kernel.
+
+`Runtime` computes the problem from tensor shapes only (the context length bucket comes from the
+cache capacity: block-table columns x page size, or the arena's max_ctx), picks once per shape
+through a `Dispatcher` (kernels.dispatcher) and calls the picked backend. Nothing a table or a
+database holds can make it raise: an unusable file warns once and the default heuristic answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from dataclasses import dataclass
+
+from drafter_attn.kernels.dispatcher import CURRENT, Dispatcher, Pick, fmt_params, reference_pick
+from drafter_attn.kernels.shipped import find_default
+from drafter_attn.kernels.spec import Geometry, Problem
+from drafter_attn.kernels.tuned_table import TableError
+
+log = logging.getLogger("drafter_attn.kernels.runtime")
+
+
+@dataclass
+class _Bound:
+    backend: object
+    pick: Pick
+
+
+class Runtime:
+    """The four contract functions, each running the tuned kernel for its shapes.
+
+        rt = Runtime()        # the shipped table of this GPU's SM; or a path, or a Dispatcher
+        out = rt.paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens,
+                                 mask="full")
+
+    `table`: a tuned table / profile database path, a Dispatcher, or None: $DRAFTER_TUNED_TABLE,
+    else $DRAFTER_DB, else the table (else the database) shipped for the GPU's SM
+    (kernels.shipped.find_default), else the default heuristic. An unusable table warns once and
+    falls back to the default heuristic; entries measured on another GPU, other kernel sources
+    or other library versions are misses (one warning). `sm`: the GPU's SM (default: read from
+    the tensors' CUDA device once; CPU tensors without `sm` run the reference; tensors on a
+    device the picked backend does not run on run the reference, with a warning). `geometry`: the drafter geometry, when known, lets
+    the context stores use the tuned pick from the first step; otherwise a store uses the
+    backend of the last attention picked for the same cache (the default heuristic before one).
+
+    Per call: a key from tensor shapes, dtypes and the device (no device reads), a dict lookup,
+    then the backend's own function (which validates its inputs).
+    """
+
+    def __init__(self, table=None, *, sm: int | None = None, include_predicted: bool = False,
+                 geometry: Geometry | None = None):
+        self.sm = sm
+        self.geometry = geometry
+        self.table_error: Exception | None = None
+        if table is None:
+            table = find_default(sm)
+        if isinstance(table, Dispatcher):
+            self.dispatcher = table
+        elif table is None:
+            self.dispatcher = Dispatcher()
+        else:
+            self.dispatcher = self._load(table, include_predicted)
+        self._bound: dict[tuple, _Bound] = {}
+        self._cache_impl: dict[tuple, _Bound] = {}  # cache key -> last attention binding
+        self._sm_of: dict[tuple, int | None] = {}
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+
+    def _load(self, table, include_predicted: bool) -> Dispatcher:
+        try:
+            return Dispatcher.load(table, include_predicted=include_predicted, env=CURRENT)
+        except Exception as exc:  # whatever a file holds, serving goes on with the heuristic
+            self.table_error = exc if isinstance(exc, TableError) else TableError(
+                f"{table}: {type(exc).__name__}: {exc}")
+            msg = f"tuned table unusable, using the default heuristic: {self.table_error}"
+            log.warning(msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            return Dispatcher(source=f"default heuristic ({table} unusable)")
+
+    # -- introspection ---------------------------------------------------------------------
+    @property
+    def picks(self) -> dict[tuple, Pick]:
+        """Every pick made so far, by call key."""
+        return {k: b.pick for k, b in self._bound.items()}
+
+    # -- the contract ----------------------------------------------------------------------
+    def paged_attention(self, q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
+                        mask="full", window=None, scale=None):
+        args = (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens)
+        b = self._attention_binding("paged", args, mask, window, scale)
+        return b.backend.paged_attention(*args, mask=mask, window=window, scale=scale)
+
+    def arena_attention(self, q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *,
+                        mask="full", window=None, scale=None):
+        args = (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens)
+        b = self._attention_binding("arena", args, mask, window, scale)
+        return b.backend.arena_attention(*args, mask=mask, window=window, scale=scale)
+
+    def store_paged(self, k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens) -> None:
+        b = self._store_binding("paged", k_new, k_pages, block_table,
+                                (k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens))
+        b.backend.store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens)
+
+    def store_arena(self, k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens) -> None:
+        b = self._store_binding("arena", k_new, k_arena, slots,
+                                (k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens))
+        b.backend.store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens)
+
+    # -- internals -------------------------------------------------------------------------
+    def _device_sm(self, device) -> int | None:
+        if self.sm is not None:
+            return self.sm
+        if device.type != "cuda":
+            return None
+        index = device.index
+        k = (device.type, index)
+        if k not in self._sm_of:
+            import torch
+
+            major, minor = torch.cuda.get_device_capability(index if index is not None
+                                                            else torch.cuda.current_device())
+            self._sm_of[k] = major * 10 + minor
+        return self._sm_of[k]
+
+    def _warn_once(self, text: str) -> None:
+        if text not in self._warned:
+            self._warned.add(text)
+            log.warning(text)
+            warnings.warn(text, RuntimeWarning, stacklevel=4)
+
+    def _bind(self, pick: Pick) -> _Bound:
+        from drafter_attn.kernels import registry
+
+        try:
+            return _Bound(registry.bind(registry.get(pick.impl), dict(pick.params)), pick)
+        except Exception as exc:
+            self._warn_once(f"drafter_attn.kernels.runtime: cannot build {pick.impl}{fmt_params(pick.params)} "
+                            f"({type(exc).__name__}: {exc}); using the torch reference")
+            ref = reference_pick(f"{pick.impl} could not be built ({exc}); the torch reference runs it",
+                                 pick.source)
+            return _Bound(registry.get("reference"), ref)
+
+    def _bind_on(self, pick: Pick, device) -> _Bound:
+        """The bound pick, if its backend runs on `device`'s tensors; else the reference."""
+        from drafter_attn.kernels import registry
+
+        b = self._bind(pick)
+        runs_on = getattr(b.backend, "device_types", ("cuda",))
+        if device.type in runs_on:
+            return b
+        why = f"{pick.impl} runs on {'/'.join(runs_on)} tensors, these are on {device.type}"
+        if pick.tier != "default":
+            self._warn_once(f"drafter_attn.kernels.runtime: the tuned pick {pick.impl}"
+                            f"{fmt_params(pick.params)} ({pick.tier}) is not used: {why}; the torch "
+                            f"reference runs them")
+        return _Bound(registry.get("reference"),
+                      reference_pick(f"{pick.reason}; but {why}: the torch reference runs them", pick.source))
+
+    def _choose(self, problem: Problem, device) -> Pick:
+        sm = self._device_sm(device)
+        if sm is None and device.type != "cuda":
+            return reference_pick(f"default: tensors on {device.type} and no SM given; the torch "
+                                  f"reference runs them")
+        return self.dispatcher.pick(problem, sm)
+
+    def _attention_binding(self, layout, args, mask, window, scale) -> _Bound:
+        """The bound pick for these shapes: a dict lookup after the first call. The key holds
+        shapes only (the cache's capacity, never its contents); bad arguments get no key and
+        reach the backend's own checks."""
+        q, k_blk, _, k_cache, _, table, _ = args
+        try:
+            capacity = (k_cache.shape[2], table.shape[1]) if layout == "paged" else (k_cache.shape[1],)
+            key = (layout, q.device, q.dtype, q.shape, k_blk.shape[2], *capacity, mask, window)
+            hash(key)  # mask=['full']: no key; the contract check names the argument
+        except Exception:
+            key = None
+        b = self._bound.get(key) if key is not None else None
+        return b if b is not None else self._bind_attention(key, layout, args, mask, window, scale)
+
+    def _bind_attention(self, key, layout, args, mask, window, scale) -> _Bound:
+        from drafter_attn.kernels import contract
+
+        check = contract.check_paged if layout == "paged" else contract.check_arena
+        dims = check(*args, mask, window, scale)  # a bad input: ValueError naming the argument
+        q = args[0]
+        problem = Problem(Geometry(dims.num_q_heads, dims.num_kv_heads, dims.head_dim, dims.block_size,
+                                   dims.mask, dims.window, 1, str(dims.dtype).removeprefix("torch.")),
+                          layout, dims.page_size, dims.batch, dims.capacity)
+        b = self._bind_on(self._choose(problem, q.device), q.device)
+        with self._lock:
+            if key is not None:
+                self._bound[key] = b
+            self._cache_impl[(layout, q.device, q.dtype, dims.num_kv_heads, dims.head_dim,
+                              dims.page_size)] = b
+        return b
+
+    def _store_binding(self, layout, k_new, cache, table, args) -> _Bound:
+        try:
+            page = cache.shape[2] if layout == "paged" else None
+            ckey = (layout, k_new.device, k_new.dtype, k_new.shape[2], k_new.shape[3], page)
+            key = ("store", *ckey, k_new.shape[0],
+                   table.shape[1] * page if layout == "paged" else cache.shape[1])
+        except Exception:
+            ckey = key = None
+        if key is not None and self.geometry is None:
+            b = self._cache_impl.get(ckey)  # follow the attention picked for this cache
+            if b is not None:
+                return b
+        b = self._bound.get(key) if key is not None else None
+        if b is not None:
+            return b
+        from drafter_attn.kernels import contract
+
+        check = contract.check_store_paged if layout == "paged" else contract.check_store_arena
+        dims = check(*args)
+        g = self.geometry
+        if g is not None and (g.num_kv_heads, g.head_dim) == (dims.num_kv_heads, dims.head_dim):
+            g = g.with_(num_layers=1, dtype=str(dims.dtype).removeprefix("torch."))
+        else:  # the cache's own geometry: one query head per KV head, one-row blocks
+            g = Geometry(dims.num_kv_heads, dims.num_kv_heads, dims.head_dim, 1,
+                         dtype=str(dims.dtype).removeprefix("torch."))
+        problem = Problem(g, layout, dims.page_size, dims.batch, dims.capacity)
+        b = self._bind_on(self._choose(problem, k_new.device), k_new.device)
+        if key is not None:
+            with self._lock:
+                self._bound[key] = b
+        return b

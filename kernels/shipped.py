@@ -1,0 +1,54 @@
+"""Where the runtime and the read-only tuner commands find their measurements by default.
+
+The profile databases and tuned tables measured on real GPUs ship with the package, one pair per
+SM (`profiles/sm<SM>.json`, `profiles/sm<SM>.db`, installed as `drafter_attn.profiles`).
+`$DRAFTER_TUNED_TABLE` and `$DRAFTER_DB` override them.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+
+ENV_VARS = {"table": "DRAFTER_TUNED_TABLE", "db": "DRAFTER_DB"}
+SUFFIXES = {"table": ".json", "db": ".db"}
+
+
+def shipped_dir() -> Path | None:
+    """The folder of the shipped profiles (package data), or None when it is not installed."""
+    try:
+        return Path(str(resources.files("drafter_attn.profiles")))
+    except (ModuleNotFoundError, TypeError):
+        return None
+
+
+def gpu_sm() -> int | None:
+    """The SM of the current CUDA device, or None without one."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        major, minor = torch.cuda.get_device_capability()
+        return major * 10 + minor
+    except Exception:
+        return None
+
+
+def find_default(sm: int | None = None, kinds=("table", "db")) -> Path | None:
+    """The measurements to read: the first of `kinds` set in its environment variable, else the
+    first of `kinds` shipped for SM `sm` (None: the current GPU's); None when there is none."""
+    for kind in kinds:
+        value = os.environ.get(ENV_VARS[kind])
+        if value:
+            return Path(value).expanduser()
+    folder = shipped_dir()
+    sm = gpu_sm() if sm is None else sm
+    if sm is None or folder is None:
+        return None
+    for kind in kinds:
+        path = folder / f"sm{int(sm)}{SUFFIXES[kind]}"
+        if path.is_file():
+            return path
+    return None

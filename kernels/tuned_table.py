@@ -1,0 +1,616 @@
+"""The tuned-table model: typed entries, and loading a tuned table (JSON) or a profile database.
+
+A tuned table is what `tuner export` writes and the runtime reads. Every entry becomes a frozen
+`Entry` once, at load: its fields are type-checked, `per_layer_us` is computed there (step latency
+over the layer count), and it is compared with the environment it will run in (GPU, kernel
+sources, library versions). An entry that fails any check is left out with one warning per load
+that says why; only a file that is not a tuned table at all raises `TableError`.
+
+Tuned-table JSON (format "drafter-attn-tuned-table", version 1)::
+
+    {"format": "drafter-attn-tuned-table", "version": 1, "created_at": ISO-8601,
+     "source": {...where it came from: database, exporting commit, SMs, predicted included...},
+     "metric": "per_layer_us", "rules": RULES,
+     "gpu_classes": {"hopper-141g": ["NVIDIA H200", "NVIDIA H200 NVL"]},   # optional
+     "entries": [{"sm": 90, "num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128,
+                  "block_size": 16, "mask": "full", "window": null, "dtype": "bfloat16",
+                  "layout": "paged", "page_size": 64, "batch": 8, "ctx_len": 8192,
+                  "bucket": {"batch": 8, "ctx_len": 8192},
+                  "impl": "cupy", "params": {...}, "median_us": 61.2, "num_layers": 5,
+                  "per_layer_us": 12.24, "attention_median_us": ..., "store_median_us": ...,
+                  "syncs": 0, "graph_capturable": true, "kv_bytes": ..., "workspace_bytes": ...,
+                  "candidates": 2,
+                  "alternatives": [{"impl": ..., "params": {...}, "median_us": ..., "per_layer_us": ...}],
+                  "provenance": {"kind": "measured", "sweep": ..., "date": ..., "gpu": ...,
+                                 "driver": ..., "cuda": ..., "sources_hash": ...,
+                                 "versions": {"torch": ..., "cupy": ..., "cutlass": ..., "nvrtc": ...},
+                                 "commit": ..., "env_id": ..., "preset": ...}}, ...]}
+
+`provenance.gpu` is a GPU name, or the name of a class in `gpu_classes`: an entry measured on one
+GPU of a class is used on every GPU of that class, and on no other GPU.
+
+This module must not import `tuner`: it reads the few profile-database columns it needs itself,
+named in one place (`DB_ROWS_SQL`); `tuner export` writes through `select_entries`/`make_table`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import types
+import urllib.parse
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TABLE_FORMAT = "drafter-attn-tuned-table"
+TABLE_VERSION = 1
+# How a table's entries answer problems they were not measured at. A table stating other rules
+# is refused (the runtime would answer differently from what its writer meant).
+RULES = {
+    "batch": "pow2_ceil",  # bucket(x) = smallest power of two >= x (0 stays 0)
+    "ctx_len": "pow2_ceil",
+    "within_bucket": "largest_batch_then_ctx",  # several entries in one bucket: the point
+    #                                             nearest its upper edge stands for it
+    "nearest_bucket": "log2_distance",  # no entry in the query's bucket: the nearest bucket
+    "family": "sm_div_10",  # SMs 100 and 103 are one family, 120 and 121 another
+    "rank": "measured_first_then_per_layer_us",
+}
+MAX_ALTERNATIVES = 3
+
+# The profile database, as far as the runtime reads it (tuner/db.py owns the schema; a test
+# checks these names against it).
+DB_SCHEMA_NAME = "drafter-attn-profile"
+DB_SCHEMA_VERSION = 2
+DB_READS_VERSIONS = ("1", "2")  # version 2 only added columns this runtime does not read
+SHAPE_FIELDS = ("num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window", "dtype",
+                "layout", "page_size")
+VERSION_FIELDS = ("torch", "cupy", "cutlass", "nvrtc")
+DB_ROWS_SQL = """
+SELECT e.sm, e.gpu_name, e.driver, e.cuda, e.torch, e.cupy, e.cutlass, e.nvrtc, e.sources_hash,
+       r.env_id, r.preset,
+       r.num_q_heads, r.num_kv_heads, r.head_dim, r.block_size, r.mask, r.window, r.dtype,
+       r.layout, r.page_size, r.batch, r.ctx_len, r.num_layers, r.impl, r.params, r.provenance,
+       r.median_us, r.attention_median_us, r.store_median_us, r.syncs_debug, r.syncs_profiler,
+       r.syncs_nsys, r.graph_capturable, r.kv_bytes, r.workspace_bytes, r.sweep_id, r.created_at,
+       r.id AS row_order
+FROM results r JOIN environments e USING (env_id)
+WHERE r.status = 'ok' AND r.median_us IS NOT NULL AND r.median_us > 0
+"""
+# JSON nesting deeper than this is not a tuned table (and would overflow the parser's stack).
+MAX_JSON_DEPTH = 64
+
+
+class TableError(RuntimeError):
+    """A tuned table or profile database the runtime cannot use (missing, corrupt, foreign)."""
+
+
+class EntryError(ValueError):
+    """One entry (or database row) the runtime cannot use; the message names the field."""
+
+
+def bucket(x: int) -> int:
+    """Smallest power of two >= x; 0 stays 0."""
+    return 0 if x <= 0 else 1 << (int(x) - 1).bit_length()
+
+
+def family(sm: int) -> int:
+    return sm // 10
+
+
+# ---------------------------------------------------------------------------------------------
+# The one ranking: measured before predicted, then step latency per layer (presets differ in
+# layer count, so whole steps never compare). The runtime, export, diff and auto all use it.
+
+
+def per_layer_us(median_us: float, num_layers) -> float:
+    return median_us / (num_layers or 1)
+
+
+def rank_key(kind: str, per_layer: float) -> tuple:
+    return (kind != "measured", per_layer)
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed entries
+
+
+def _number(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value <= 0:
+        raise EntryError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _typed(value, typ, name: str, optional: bool = False):
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, typ):
+        kind = typ.__name__ + (" or null" if optional else "")
+        raise EntryError(f"{name} must be {kind}, got {value!r}")
+    return value
+
+
+def _params_of(value, name: str = "params") -> dict:
+    """Parameters as a dict: a mapping, or (a database column) JSON text of an object."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError) as exc:
+            raise EntryError(f"{name} is not JSON: {str(exc)[:80]}") from None
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise EntryError(f"{name} must be an object, got {value!r}")
+    return dict(value)
+
+
+def _ro(d: dict) -> types.MappingProxyType:
+    return types.MappingProxyType(dict(d))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An implementation with its parameters and its measured step latency."""
+
+    impl: str
+    params: types.MappingProxyType
+    median_us: float
+    per_layer_us: float
+
+    @classmethod
+    def parse(cls, d, num_layers, where: str) -> Candidate:
+        if not isinstance(d, Mapping):
+            raise EntryError(f"{where} must be an object")
+        median = _number(d.get("median_us"), f"{where}.median_us")
+        return cls(_typed(d.get("impl"), str, f"{where}.impl"),
+                   _ro(_params_of(d.get("params"), f"{where}.params")), median,
+                   per_layer_us(median, num_layers))
+
+
+_INT_FIELDS = ("sm", "num_q_heads", "num_kv_heads", "head_dim", "block_size", "batch", "ctx_len")
+
+
+def _check_problem(d: Mapping, where: str) -> dict:
+    """The problem fields of an entry or a database row, type-checked (SQLite columns take any
+    type); returns the integer ones."""
+    ints = {f: _typed(d.get(f), int, f"{where}{f}") for f in _INT_FIELDS}
+    for f in ("mask", "dtype", "layout"):
+        _typed(d.get(f), str, f"{where}{f}")
+    for f in ("window", "page_size"):
+        _typed(d.get(f), int, f"{where}{f}", optional=True)
+    return ints
+
+
+@dataclass(frozen=True, eq=False)
+class Entry(Mapping):
+    """One tuned entry, checked and typed once. It also reads as the JSON object it came from
+    (`entry["batch"]`, `entry.get("provenance")`), with `per_layer_us` the computed value."""
+
+    sm: int
+    shape: tuple  # values of SHAPE_FIELDS
+    batch: int
+    ctx_len: int
+    winner: Candidate
+    alternatives: tuple  # of Candidate, ranked
+    num_layers: int
+    kind: str  # "measured" or "predicted"
+    doc: types.MappingProxyType
+
+    @classmethod
+    def parse(cls, d, where: str = "entry") -> Entry:
+        """The typed entry of JSON object `d`; EntryError naming the field when it is unusable."""
+        if not isinstance(d, Mapping):
+            raise EntryError(f"{where} is not an object")
+        ints = _check_problem(d, f"{where}.")
+        layers = _typed(d.get("num_layers", 1), int, f"{where}.num_layers", optional=True) or 1
+        winner = Candidate.parse(d, layers, where)
+        stored = d.get("per_layer_us")
+        if stored is not None and not math.isclose(_number(stored, f"{where}.per_layer_us"),
+                                                    winner.per_layer_us, rel_tol=1e-6):
+            raise EntryError(f"{where}.per_layer_us {stored!r} is not median_us / num_layers "
+                             f"({winner.per_layer_us:.6g})")
+        alts = d.get("alternatives") or []
+        if not isinstance(alts, list):
+            raise EntryError(f"{where}.alternatives must be a list")
+        prov = d.get("provenance")
+        if prov is not None and not isinstance(prov, Mapping):
+            raise EntryError(f"{where}.provenance must be an object")
+        kind = (prov or {}).get("kind") or "measured"
+        if kind not in ("measured", "predicted"):
+            raise EntryError(f"{where}.provenance.kind must be measured or predicted, got {kind!r}")
+        doc = {**d, "per_layer_us": winner.per_layer_us}
+        return cls(ints["sm"], tuple(d.get(f) for f in SHAPE_FIELDS), ints["batch"], ints["ctx_len"],
+                   winner, tuple(Candidate.parse(a, layers, f"{where}.alternatives[{i}]")
+                                 for i, a in enumerate(alts)),
+                   layers, kind, _ro(doc))
+
+    # -- derived ----------------------------------------------------------------------------
+    @property
+    def key(self) -> tuple:
+        return (self.sm, *self.shape, self.batch, self.ctx_len)
+
+    @property
+    def buckets(self) -> tuple:
+        return (bucket(self.batch), bucket(self.ctx_len))
+
+    @property
+    def per_layer_us(self) -> float:
+        return self.winner.per_layer_us
+
+    @property
+    def rank(self) -> tuple:
+        return rank_key(self.kind, self.winner.per_layer_us)
+
+    @property
+    def candidates(self) -> tuple:
+        return (self.winner, *self.alternatives)
+
+    @property
+    def provenance(self) -> Mapping:
+        return self.doc.get("provenance") or {}
+
+    # -- the JSON object it came from ------------------------------------------------------
+    def __getitem__(self, name):
+        return self.doc[name]
+
+    def __iter__(self):
+        return iter(self.doc)
+
+    def __len__(self) -> int:
+        return len(self.doc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Database rows -> entries (shared by the runtime's database reader and `tuner export`)
+
+
+def _syncs(row: dict):
+    vals = [row.get(k) for k in ("syncs_debug", "syncs_profiler", "syncs_nsys")]
+    vals = [v for v in vals if v is not None]
+    return max(vals) if vals else None
+
+
+def _canonical(value) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _age(row: dict) -> tuple:
+    # Timestamps have millisecond resolution, so two rows of one sweep can tie: the later
+    # insert (higher id) breaks the tie.
+    return (str(row.get("created_at") or ""), row.get("row_order") or 0)
+
+
+def _row_rank(row: dict) -> tuple:
+    return rank_key(row.get("provenance") or "measured", row["per_layer_us"])
+
+
+def _clean_row(row: dict) -> dict:
+    """A result row with its params parsed and its per-layer latency; EntryError when unusable."""
+    _check_problem(row, "")
+    out = dict(row)
+    out["params"] = _params_of(row.get("params"))
+    layers = _typed(row.get("num_layers"), int, "num_layers", optional=True)
+    out["per_layer_us"] = per_layer_us(_number(row.get("median_us"), "median_us"), layers)
+    _typed(row.get("impl"), str, "impl")
+    return out
+
+
+def _entry_of(ranked: list[dict]) -> dict:
+    best = ranked[0]
+    layers = best.get("num_layers") or 1
+    return {"sm": best["sm"], **{f: best[f] for f in SHAPE_FIELDS},
+            "batch": best["batch"], "ctx_len": best["ctx_len"],
+            "bucket": {"batch": bucket(best["batch"]), "ctx_len": bucket(best["ctx_len"])},
+            "impl": best["impl"], "params": best["params"],
+            "median_us": best["median_us"], "num_layers": layers, "per_layer_us": best["per_layer_us"],
+            "attention_median_us": best.get("attention_median_us"),
+            "store_median_us": best.get("store_median_us"),
+            "syncs": _syncs(best),
+            "graph_capturable": None if best.get("graph_capturable") is None
+            else bool(best["graph_capturable"]),
+            "kv_bytes": best.get("kv_bytes"), "workspace_bytes": best.get("workspace_bytes"),
+            "candidates": len(ranked),
+            "alternatives": [{"impl": r["impl"], "params": r["params"], "median_us": r["median_us"],
+                              "per_layer_us": r["per_layer_us"]}
+                             for r in ranked[1:1 + MAX_ALTERNATIVES]],
+            "provenance": {"kind": best.get("provenance") or "measured",
+                           "sweep": best.get("sweep_id"), "date": best.get("created_at"),
+                           "gpu": best.get("gpu_name"), "driver": best.get("driver"),
+                           "cuda": best.get("cuda"), "sources_hash": best.get("sources_hash"),
+                           "versions": {v: best.get(v) for v in VERSION_FIELDS},
+                           "commit": None, "env_id": best.get("env_id"),
+                           "preset": best.get("preset")}}
+
+
+def select_entries(rows, *, include_predicted: bool = False, where: str = "profile database") -> list[dict]:
+    """Winners per (SM, shape, batch, context) from result rows (dicts with the columns of
+    `DB_ROWS_SQL`): the newest row of each (impl, params) counts; candidates rank by `rank_key`.
+    Predicted rows are left out unless `include_predicted`. Rows that cannot be read (params
+    that are not JSON, a latency that is not a number) are left out with one warning."""
+    groups: dict[tuple, dict[tuple, dict]] = {}
+    skipped: list[tuple[str, str]] = []
+    for i, raw in enumerate(rows):
+        kind = raw.get("provenance") or "measured"
+        if kind == "predicted" and not include_predicted:
+            continue
+        try:
+            row = _clean_row(raw)
+            key = (row["sm"], *(row[f] for f in SHAPE_FIELDS), row["batch"], row["ctx_len"])
+        except (EntryError, KeyError) as exc:
+            skipped.append((f"row {raw.get('row_order', i)}", str(exc)))
+            continue
+        cand = (row["impl"], _canonical(row["params"]), kind)
+        seen = groups.setdefault(key, {})
+        old = seen.get(cand)
+        if old is None or _age(row) >= _age(old):
+            seen[cand] = row
+    warn_skipped(where, "rows", skipped)
+    entries = []
+    for key in sorted(groups, key=lambda k: tuple(-1 if v is None else v for v in k)):
+        entries.append(_entry_of(sorted(groups[key].values(), key=_row_rank)))
+    return entries
+
+
+def make_table(entries: list, source: dict | None = None, created_at: str | None = None,
+               gpu_classes: dict | None = None) -> dict:
+    """A tuned table (the JSON document `tuner export` writes) around `entries`."""
+    import datetime as _dt
+
+    doc = {"format": TABLE_FORMAT, "version": TABLE_VERSION,
+           "created_at": created_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "source": dict(source or {}), "metric": "per_layer_us", "rules": dict(RULES),
+           "entries": [dict(e) for e in entries]}
+    if gpu_classes:
+        doc["gpu_classes"] = {k: list(v) for k, v in gpu_classes.items()}
+    return doc
+
+
+# ---------------------------------------------------------------------------------------------
+# The environment an entry runs in; an entry measured elsewhere is a miss
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What a tuned entry is compared with at load. None: unknown here, not compared."""
+
+    gpu_name: str | None = None
+    sources_hash: str | None = None
+    versions: Mapping = field(default_factory=lambda: types.MappingProxyType({}))
+
+
+def current_environment() -> Environment:
+    """This process: the current CUDA GPU's name (None without one), the hash of the kernel
+    sources and the versions of the libraries that build the kernels. Never raises."""
+    from importlib import metadata
+
+    from drafter_attn.kernels import nvrtc
+
+    def attempt(fn):
+        try:
+            return fn()
+        except Exception:
+            return None
+
+    def gpu():
+        import torch
+
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+    versions = {"nvrtc": attempt(lambda: ".".join(map(str, nvrtc.nvrtc_version()))),
+                "cutlass": attempt(lambda: metadata.version("nvidia-cutlass"))}
+    return Environment(attempt(gpu), attempt(nvrtc.sources_digest), _ro(versions))
+
+
+def gpu_matches(recorded, gpu: str, classes: Mapping) -> bool:
+    """`recorded` (a GPU name or a class of `classes`) covers `gpu`."""
+    if recorded == gpu:
+        return True
+    return any(gpu in members and (recorded == name or recorded in members)
+               for name, members in classes.items())
+
+
+def _versions_checked(entry: Entry) -> tuple:
+    impls = {c.impl for c in entry.candidates}
+    if impls <= {"reference"}:
+        return ()  # the torch reference compiles nothing
+    return ("nvrtc", "cutlass") if "cutlass" in impls else ("nvrtc",)
+
+
+def mismatch(entry: Entry, env: Environment, classes: Mapping) -> str | None:
+    """Why `entry` does not belong to `env` (field, expected and found), or None."""
+    prov = entry.provenance
+    if env.gpu_name is not None and not gpu_matches(prov.get("gpu"), env.gpu_name, classes):
+        return (f"gpu: expected {env.gpu_name!r} (or a gpu_classes entry listing it), "
+                f"found {prov.get('gpu')!r}")
+    checked = _versions_checked(entry)
+    found = prov.get("sources_hash")
+    if checked and env.sources_hash is not None and found != env.sources_hash:
+        short = lambda h: h[:12] if isinstance(h, str) else h  # noqa: E731 (hashes are long)
+        return (f"sources_hash: expected {short(env.sources_hash)!r} (these kernel sources), "
+                f"found {short(found)!r}")
+    recorded = prov.get("versions") if isinstance(prov.get("versions"), Mapping) else {}
+    for lib in checked:
+        want = env.versions.get(lib)
+        if want is not None and recorded.get(lib) != want:
+            return f"{lib} version: expected {want!r}, found {recorded.get(lib)!r}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """Read-only, without writing a journal: a WAL database on read-only storage (an installed
+    package) cannot create its shared-memory file, so it is opened immutable instead."""
+    base = "file:" + urllib.parse.quote(str(path.resolve()))
+    try:
+        conn = sqlite3.connect(base + "?mode=ro", uri=True, timeout=10)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.Error:
+        pass
+    try:
+        return sqlite3.connect(base + "?mode=ro&immutable=1", uri=True, timeout=10)
+    except sqlite3.Error as exc:
+        raise TableError(f"{path}: cannot open the profile database read-only: {exc}") from exc
+
+
+def read_db_rows(path) -> list[dict]:
+    """The result rows the runtime needs, read from a profile database opened read-only."""
+    path = Path(path)
+    if not path.is_file():
+        raise TableError(f"no profile database at {path}")
+    conn = _connect_read_only(path)
+    try:
+        conn.row_factory = sqlite3.Row
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "meta" not in tables:
+            raise TableError(f"{path} is not a drafter-attn profile database (no 'meta' table)")
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        if meta.get("schema") != DB_SCHEMA_NAME:
+            raise TableError(f"{path} is not a drafter-attn profile database "
+                             f"(schema {meta.get('schema')!r}, expected {DB_SCHEMA_NAME!r})")
+        if meta.get("schema_version") not in DB_READS_VERSIONS:
+            raise TableError(f"{path} has profile schema version {meta.get('schema_version')}, but "
+                             f"this runtime reads version {DB_SCHEMA_VERSION} only; export a tuned "
+                             f"table with a matching tuner")
+        return [dict(r) for r in conn.execute(DB_ROWS_SQL)]
+    except sqlite3.Error as exc:
+        raise TableError(f"{path} is not a readable profile database: {exc}") from exc
+    finally:
+        conn.close()
+
+
+def parse_json(text, where: str, is_not: str = "not a JSON tuned table"):
+    """A JSON document; TableError (never RecursionError) for text that is not one."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise TableError(f"{where} is {is_not}: its JSON is nested too deeply") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise TableError(f"{where} is {is_not}: {exc}") from None
+
+
+def _check_gpu_classes(value, where: str) -> dict:
+    if value is None:
+        return {}
+    ok = isinstance(value, dict) and all(
+        isinstance(v, list) and all(isinstance(g, str) for g in v) for v in value.values())
+    if not ok:
+        raise TableError(f"{where}: gpu_classes must map class names to lists of GPU names")
+    return value
+
+
+def validate_table(doc, where: str = "<table>") -> list:
+    """Check a tuned-table document (format, version, rules, gpu_classes); returns its raw
+    entries. Raises TableError naming the problem; entries themselves are checked by `parse`."""
+    if not isinstance(doc, dict):
+        raise TableError(f"{where} is not a tuned table (a JSON object is expected, got "
+                         f"{type(doc).__name__})")
+    if doc.get("format") != TABLE_FORMAT:
+        raise TableError(f"{where} is not a drafter-attn tuned table (format {doc.get('format')!r}, "
+                         f"expected {TABLE_FORMAT!r})")
+    version = doc.get("version")
+    if isinstance(version, bool) or version != TABLE_VERSION:  # true == 1 in Python: not a version
+        raise TableError(f"{where} is tuned-table version {version!r}, but this runtime "
+                         f"reads version {TABLE_VERSION} only; export it again with a matching tuner")
+    rules = doc.get("rules")
+    if rules != RULES:
+        raise TableError(f"{where} states bucket rules {rules!r}; this runtime applies {RULES!r}")
+    _check_gpu_classes(doc.get("gpu_classes"), where)
+    if not isinstance(doc.get("entries"), list):
+        raise TableError(f"{where}: 'entries' must be a list")
+    return doc["entries"]
+
+
+def _backend_problem(entry: Entry) -> str | None:
+    """Why the entry's implementations cannot be built as recorded (unknown backend, unknown
+    or out-of-range parameters), or None. Unavailable backends are left to the pick."""
+    from drafter_attn.kernels import registry
+
+    for c in entry.candidates:
+        if c.impl not in registry.names():
+            return f"unknown backend {c.impl!r} (known: {', '.join(registry.names())})"
+        try:
+            registry.check_params(registry.get(c.impl), dict(c.params))
+        except registry.BackendUnavailable:
+            continue
+        except Exception as exc:  # ValueError naming the parameter, or a broken backend
+            return f"{c.impl}: {exc}"
+    return None
+
+
+def parse_entries(raw, where: str, *, env: Environment | None = None, gpu_classes=None,
+                  include_predicted: bool = False) -> list[Entry]:
+    """Typed entries of `raw` (JSON objects or Entry); each unusable one (bad field, unknown
+    backend or parameter, another GPU, kernel sources or library version) is left out, with one
+    warning for all of them. `env` None: no environment comparison."""
+    out, skipped = [], []
+    for i, d in enumerate(raw):
+        try:
+            typed = isinstance(d, Entry)  # already checked when it was loaded
+            e = d if typed else Entry.parse(d, f"entries[{i}]")
+            why = (None if typed else _backend_problem(e)) or (
+                mismatch(e, env, gpu_classes or {}) if env else None)
+        except EntryError as exc:
+            why = str(exc).removeprefix(f"entries[{i}].").removeprefix(f"entries[{i}] ")
+        except Exception as exc:  # whatever an entry holds, loading goes on
+            why = f"{type(exc).__name__}: {exc}"
+        if why:
+            skipped.append((f"entries[{i}]", why))
+        elif include_predicted or e.kind != "predicted":
+            out.append(e)
+    warn_skipped(where, "entries", skipped)
+    return out
+
+
+def load_table(path, *, include_predicted: bool = False, env: Environment | None = None) -> tuple[list[Entry], str]:
+    """Typed entries of a tuned table (.json) or a profile database, and a text naming the
+    source. Raises TableError only for a missing, corrupt or foreign file."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            head = f.read(16)
+    except OSError as exc:
+        raise TableError(f"cannot read the tuned table {path}: {exc.strerror or exc}") from None
+    if head.startswith(b"SQLite format 3\x00"):
+        source = f"profile database {path}"
+        raw = select_entries(read_db_rows(path), include_predicted=include_predicted, where=source)
+        classes = {}
+    else:
+        source = f"tuned table {path}"
+        try:
+            doc = parse_json(path.read_bytes(), str(path),
+                             "neither a profile database nor a JSON tuned table")
+        except OSError as exc:
+            raise TableError(f"cannot read the tuned table {path}: {exc.strerror or exc}") from None
+        raw = validate_table(doc, str(path))
+        classes = doc.get("gpu_classes") or {}
+    return parse_entries(raw, source, env=env, gpu_classes=classes,
+                         include_predicted=include_predicted), source
+
+
+def load_entries(path, *, include_predicted: bool = False) -> tuple[list[Entry], str]:
+    """`load_table` without an environment comparison (for tools that read another machine's
+    measurements, such as `tuner auto`)."""
+    return load_table(path, include_predicted=include_predicted)
+
+
+# ---------------------------------------------------------------------------------------------
+# Warnings: one per load, each distinct reason once
+
+
+def warn_skipped(where: str, what: str, skipped: list[tuple[str, str]]) -> None:
+    """One warning for everything a load left out: (item, why) pairs grouped by why."""
+    if not skipped:
+        return
+    groups: dict[str, list[str]] = {}
+    for item, why in skipped:
+        groups.setdefault(why, []).append(item)
+    detail = "; ".join(f"{why} ({len(items)}x, first {items[0]})" for why, items in groups.items())
+    warnings.warn(f"{where}: {len(skipped)} {what} left out (misses; the default heuristic answers "
+                  f"for them): {detail}", RuntimeWarning, stacklevel=3)

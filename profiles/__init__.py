@@ -1,0 +1,1 @@
+"""Shipped profile databases and tuned tables, one pair per SM (package data; see README.md)."""
