@@ -234,9 +234,9 @@ class _FakeDispatcher:
         self.fail = fail
 
     @classmethod
-    def load(cls, path):
+    def load(cls, path, env=None):
         d = cls()
-        d.loaded = path
+        d.loaded, d.env = path, env
         return d
 
     def pick(self, problem, sm):
@@ -247,7 +247,8 @@ class _FakeDispatcher:
 
 
 def test_auto_uses_the_dispatcher(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "drafter_attn.kernels.dispatch", types.SimpleNamespace(Dispatcher=_FakeDispatcher))
+    monkeypatch.setitem(sys.modules, "drafter_attn.kernels.dispatcher",
+                        types.SimpleNamespace(Dispatcher=_FakeDispatcher, CURRENT="current"))
     monkeypatch.delenv("DRAFTER_TUNED_TABLE", raising=False)
     d, note = decode.load_dispatcher(str(tmp_path / "none.db"))
     assert d.loaded is None and note.startswith("kernels.dispatch, default heuristic")
@@ -255,6 +256,7 @@ def test_auto_uses_the_dispatcher(monkeypatch, tmp_path):
     monkeypatch.setenv("DRAFTER_TUNED_TABLE", str(tmp_path / "t.json"))
     d, note = decode.load_dispatcher(str(tmp_path / "none.db"))
     assert d.loaded == str(tmp_path / "t.json") and note == f"kernels.dispatch over {tmp_path / 't.json'}"
+    assert d.env == "current"  # entries are checked against this process's GPU and sources
     problem = Problem(get_preset(MAIN_PRESET), "arena", None, 1, 128)
     pick = decode.resolve_impl("auto", problem, dispatcher=d, dispatcher_note=note, sm=90)
     assert (pick.impl, pick.params) == ("reference", {})
