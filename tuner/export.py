@@ -94,7 +94,7 @@ def export_table(db_path, sms=None, *, include_predicted: bool = False, resolve_
     if sms:
         sql += f" AND e.sm IN ({', '.join('?' * len(sms))})"
         args += list(sms)
-    with ProfileDB(db_path, create=False) as db:
+    with ProfileDB(db_path, readonly=True) as db:
         rows = db.query(sql, args)
     entries = dispatch.select_entries(rows, include_predicted=include_predicted)
     if resolve_commits:

@@ -345,6 +345,8 @@ def load_spec(path: str | Path) -> SweepSpec:
             text, source = Path(path).read_text(), str(path)
         except OSError as exc:
             raise SpecError(f"{path}: cannot read the sweep spec: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise SpecError(f"{path}: not a sweep spec (not UTF-8 text; a spec is a TOML file)") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
