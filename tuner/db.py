@@ -119,6 +119,9 @@ SCHEMA = [
 ]
 
 
+TABLES = {"meta", "environments", "results", "compile_profiles"}
+
+
 class SchemaError(RuntimeError):
     """The file is not a profile database of the schema version this tuner reads."""
 
@@ -296,6 +299,16 @@ class ProfileDB:
                 f"{self.path} has profile schema version {version}, but this tuner reads version "
                 f"{SCHEMA_VERSION} only; use a tuner of that version, or pass --db for a new file"
             )
+        missing = sorted(TABLES - tables)
+        if missing:
+            raise SchemaError(f"{self.path} is a damaged profile database: table(s) {missing} are missing")
+
+    def check_integrity(self) -> None:
+        """Raise DatabaseError when SQLite finds damaged pages (PRAGMA quick_check)."""
+        with db_errors(self.path, "checking integrity"):
+            problems = [r[0] for r in self.conn.execute("PRAGMA quick_check(5)")]
+        if problems != ["ok"]:
+            raise DatabaseError(f"{self.path} is damaged: {'; '.join(problems)}")
 
     def schema_version(self) -> int:
         return int(self.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
@@ -395,7 +408,9 @@ class ProfileDB:
         import pandas as pd
 
         with db_errors(self.path, "reading"):
-            return pd.read_sql_query(sql, self.conn, params=list(args))
+            cur = self.conn.execute(sql, list(args))
+            rows = [tuple(r) for r in cur]
+        return pd.DataFrame.from_records(rows, columns=[d[0] for d in cur.description], coerce_float=True)
 
     def close(self) -> None:
         self.conn.close()
@@ -421,7 +436,8 @@ def merge(dst: str | os.PathLike, *srcs: str | os.PathLike) -> dict[str, int]:
         if real in seen:
             raise SchemaError(f"{src} is named twice as a source")
         seen.add(real)
-        ProfileDB(src, readonly=True).close()  # refuses foreign, empty or missing files
+        with ProfileDB(src, readonly=True) as db:  # refuses foreign, empty or missing files
+            db.check_integrity()
     added = {"environments": 0, "results": 0, "compile_profiles": 0}
     with ProfileDB(dst_path) as out:
         for src in srcs:

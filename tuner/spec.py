@@ -351,4 +351,9 @@ def load_spec(path: str | Path) -> SweepSpec:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{source}: not valid TOML: {exc}") from None
-    return parse_spec(data, source)
+    from drafter_attn.kernels.registry import BackendUnavailable
+
+    try:
+        return parse_spec(data, source)
+    except BackendUnavailable as exc:  # e.g. cutlass without the nvidia-cutlass wheel
+        raise SpecError(f"{source}: {exc}") from None
