@@ -166,6 +166,34 @@ def test_broken_database_files(command, broken, tmp_path, capsys):
         assert not (tmp_path / name).exists()
 
 
+BROKEN_TABLES = {
+    "empty": b"",
+    "binary": b"\xff\xfe\x00\x01",
+    "not JSON": b"{entries: [}",
+    "a list": b"[1, 2]",
+    "another format": b'{"format": "someone-else", "version": 1}',
+    "a newer version": b'{"format": "drafter-attn-tuned-table", "version": 99}',
+}
+TABLE_READERS = {
+    "tuner diff": ["diff", "{good}", "{table}"],
+    "tuner auto": ["auto", "--preset", "qwen3-8b-dflash-b16", "--page", "64", "--max-ctx", "8192",
+                   "--concurrency", "4", "--table", "{table}"],
+}
+
+
+@pytest.mark.parametrize("command", TABLE_READERS)
+@pytest.mark.parametrize("kind", BROKEN_TABLES)
+def test_broken_tuned_tables(command, kind, tmp_path, capsys):
+    good = tmp_path / "good.json"
+    good.write_text(Path(__file__).parent.parent.joinpath("profiles", "sm90.json").read_text())
+    table = tmp_path / "t.json"
+    table.write_bytes(BROKEN_TABLES[kind])
+    before = _snapshot(tmp_path)
+    rc, err = _run(tuner_cli.main, capsys, [a.format(good=good, table=table) for a in TABLE_READERS[command]])
+    assert rc == 2 and str(table) in err and len(err.strip().splitlines()) == 1, err
+    _assert_untouched(before, _snapshot(tmp_path))
+
+
 @pytest.mark.parametrize("command", ["tuner show", "tuner show --compile", "tuner export", "bench report"])
 def test_read_only_commands_leave_a_valid_database_as_it_was(command, tmp_path, capsys):
     main, argv, _ = READERS[command]
@@ -320,6 +348,7 @@ BENCH_OPTIONS = [
     (["report", "--db", "{db}", "--out", "{file}/sub"], "cannot write there"),
     (["report", "--db", "{db}", "--sm", "ninety"], "argument --sm"),
     (["decode", "--sm", "90", "--db", "{tmp}/new.db", "--out", "{file}"], "is a file, not a folder"),
+    (["decode", "--sm", "90", "--db", "{file}/new.db", "--out", "{tmp}/o"], "cannot create the folder"),
     (["decode", "--reps", "-1"], "argument --reps"),
     (["decode", "--accepted", "nan"], "argument --accepted"),
 ]
@@ -440,3 +469,19 @@ def test_store_paged_refuses_two_writes_to_one_cache_row(tables, message):
 def test_store_paged_accepts_distinct_rows():
     reference.store_paged(**_store([[0, 1], [2, 3]], [0, 3], [4, 5]))
     reference.store_paged(**_store([[0, 1], [0, 1]], [0, 0], [0, 0]))  # nothing written at all
+
+
+@pytest.mark.gpu
+def test_full_checks_read_gpu_values_only_when_asked(monkeypatch):
+    """On the GPU the value checks cost a device read, so they run only with DRAFTER_CHECKS=full."""
+    from drafter_attn.kernels.contract import check_store_paged
+
+    args = {k: v.cuda() for k, v in _store([[0, 1, 2], [0, 4, 5]], [0, 0], [2, 2]).items()}
+    monkeypatch.delenv("DRAFTER_CHECKS", raising=False)
+    check_store_paged(**args)  # shapes only: no device read, no error
+    monkeypatch.setenv("DRAFTER_CHECKS", "full")
+    with pytest.raises(ValueError, match="requests 0 and 1 both write row 0 of page 0"):
+        check_store_paged(**args)
+    args["ctx_lens"] = torch.tensor([0, 11], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match=re.escape("ctx_lens[1]=11 + num_new[1]=2 exceeds the capacity")):
+        check_store_paged(**args)
