@@ -208,7 +208,6 @@ class ProfileDB:
     def __init__(self, path: str | os.PathLike | None = None, *, create: bool = True,
                  readonly: bool = False):
         self.path = Path(path) if path is not None else default_path()
-        self.readonly = readonly
         create = create and not readonly
         if self.path.is_dir():
             raise SchemaError(f"{self.path} is a directory, not a profile database")
@@ -266,22 +265,16 @@ class ProfileDB:
         return {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
     def _check_or_create(self, create: bool) -> None:
-        c = self.conn
-        c.execute("BEGIN IMMEDIATE")  # serialises first openers racing to create the schema
-        try:
+        with self.transaction():  # BEGIN IMMEDIATE serialises first openers racing to create the schema
             tables = self._tables()
             if not tables and create:
                 for stmt in SCHEMA:
-                    c.execute(stmt)
-                c.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
-                              [("schema", SCHEMA_NAME), ("schema_version", str(SCHEMA_VERSION)),
-                               ("created_at", now())])
+                    self.conn.execute(stmt)
+                self.conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
+                                      [("schema", SCHEMA_NAME), ("schema_version", str(SCHEMA_VERSION)),
+                                       ("created_at", now())])
             else:
                 self._check_meta(tables)
-            c.execute("COMMIT")
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
 
     def _check_meta(self, tables: set) -> None:
         if not tables:
@@ -394,7 +387,7 @@ class ProfileDB:
             return {r[0] for r in self.conn.execute(sql, args)}
 
     def count(self, table: str = "results") -> int:
-        if table not in ("results", "environments", "compile_profiles"):
+        if table not in TABLES - {"meta"}:
             raise ValueError(f"unknown table {table!r}")
         with db_errors(self.path, f"counting {table}"):
             return self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
