@@ -5,7 +5,6 @@ profile database, sweep specs and both CLIs. Each must get a clear message namin
 from __future__ import annotations
 
 import math
-import os
 import re
 import sqlite3
 import sys
@@ -20,9 +19,9 @@ from drafter_attn.bench import decode, gpu
 from drafter_attn.kernels import reference
 from drafter_attn.tuner import cli as tuner_cli
 from drafter_attn.tuner.cli_checks import write_whole
-from drafter_attn.tuner.db import DatabaseError, ProfileDB, SchemaError
+from drafter_attn.tuner.db import DatabaseError, ProfileDB
 
-from test_contract import CALLS, _set
+from test_contract import CALLS
 from test_tuner_db import FP, _row
 
 # ---------------------------------------------------------------------------------------------
