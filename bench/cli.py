@@ -157,6 +157,7 @@ def cmd_measure(args, argv) -> int:
     gpu = gpu_mod.require_gpu(args.sm, command)
     if torch.cuda.is_available():
         torch.cuda.set_device(gpu.index)
+    out = _out_dir(command, decode.results_dir(gpu.sm) if args.out is None else args.out)
     try:
         db = ProfileDB(args.db)
     except SchemaError as exc:
@@ -189,8 +190,6 @@ def cmd_measure(args, argv) -> int:
     syncing = [r for r in rows if r.get("syncs")]
     if syncing:
         console.print(f"[red]{len(syncing)} row(s) with blocking host syncs inside the step[/] (see the syncs columns)")
-    out = decode.results_dir(gpu.sm) if args.out is None else Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = args.command
     output.write_csv(rows, out / f"{stem}.csv")
     output.write_json(rows, meta, p.settings(), out / f"{stem}.json", summary)
@@ -265,13 +264,25 @@ def cmd_report(args) -> int:
 
     db_path = Path(args.db) if args.db else default_path()
     df = report.load(db_path, sm=args.sm, preset=args.preset)
-    out = Path(args.out) if args.out else Path("results") / f"report-{dt.date.today():%Y-%m-%d}"
+    out = _out_dir("bench report", args.out or Path("results") / f"report-{dt.date.today():%Y-%m-%d}")
     path, plots = report.build(df, out, db_path)
     print(f"bench report: {len(df)} rows from {db_path}; wrote {path} and {len(plots)} plot(s) in {out}")
     return 0
 
 
+def _out_dir(command: str, path) -> Path:
+    """The results folder, proven writable before anything is measured or read."""
+    from drafter_attn.tuner.cli_checks import OutputError, writable_dir
+
+    try:
+        return writable_dir(path)
+    except OutputError as exc:
+        raise BenchError(f"{command}: {exc}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
+    from drafter_attn.tuner.db import SchemaError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -283,6 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as exc:
         print(str(exc), file=sys.stderr)
         return exc.exit_code
+    except SchemaError as exc:  # the database failed part way (a full disk, corrupt pages)
+        print(f"bench {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a result file could not be written
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"bench {args.command}: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import re
 
+from drafter_attn.tuner.cli_checks import (  # noqa: F401  (bench's option types)
+    non_negative_float, non_negative_int, positive_float, positive_int)
 from drafter_attn.tuner.sizes import parse_size
 
 
@@ -70,30 +72,6 @@ def concurrency(text: str) -> int:
 
 def chunks(text: str) -> list[int]:
     return sizes(text, what="chunk sizes (tokens)")
-
-
-def _number(cast, ok, kind: str):
-    """An argparse type: `cast` the text, then require `ok(value)`; errors name the `kind`."""
-    noun = "number" if cast is float else "integer"
-    unparsable = "expected a number" if cast is float else f"expected a {kind} integer"
-
-    def parse(text: str):
-        try:
-            value = cast(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{unparsable}, got {text!r}") from None
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"expected a {kind} {noun}, got {text!r}")
-        return value
-
-    parse.__name__ = f"{kind.replace('-', '_')}_{cast.__name__}"
-    return parse
-
-
-positive_float = _number(float, lambda v: 0 < v < float("inf"), "positive")
-non_negative_float = _number(float, lambda v: 0 <= v < float("inf"), "non-negative")
-positive_int = _number(int, lambda v: v > 0, "positive")
-non_negative_int = _number(int, lambda v: v >= 0, "non-negative")
 
 
 def heads(text: str) -> tuple[int, int]:

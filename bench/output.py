@@ -12,6 +12,7 @@ import pandas as pd
 
 from drafter_attn.bench.memory import fmt_bytes
 from drafter_attn.kernels.baselines import is_baseline
+from drafter_attn.tuner.cli_checks import write_whole
 
 # Line style of each baseline in the plots (colour follows the page size).
 BASELINE_DASH = {"flashinfer-fa2": "--", "flashinfer-fa2-graph": ":", "trtllm-xqa": "-."}
@@ -153,7 +154,7 @@ def print_table(rows: list[dict], title: str, console=None, wide: bool = False) 
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
-    frame(rows).to_csv(path, index=False)
+    write_whole(path, lambda tmp: frame(rows).to_csv(tmp, index=False))
 
 
 def _jsonable(x):
@@ -165,7 +166,8 @@ def _jsonable(x):
 def write_json(rows: list[dict], meta: dict, settings: dict, path: Path, summary: list[str]) -> None:
     doc = dict(environment=meta, settings=settings, summary=summary,
                rows=[{k: _jsonable(v) for k, v in r.items()} for r in rows])
-    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    text = json.dumps(doc, indent=1, default=str) + "\n"
+    write_whole(path, lambda tmp: tmp.write_text(text))
 
 
 def series_label(r: dict) -> str:
@@ -195,13 +197,16 @@ def ctx_axis(ax, ctxs) -> None:
 
 
 def save_figure(fig, path: Path, title: str) -> None:
-    """The plots' common ending: a title, a tight layout, the PNG, the figure freed."""
+    """The plots' common ending: a title, a tight layout, the PNG (whole or none: a full disk
+    leaves no truncated file), the figure freed even on failure."""
     import matplotlib.pyplot as plt
 
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.suptitle(title, fontsize=11)
+        fig.tight_layout()
+        write_whole(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    finally:
+        plt.close(fig)
 
 
 def plot(rows: list[dict], path: Path, title: str) -> bool:

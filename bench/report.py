@@ -13,6 +13,7 @@ exceed the block size; they are summarised apart from decode steps, as "context 
 from __future__ import annotations
 
 import datetime as dt
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -20,6 +21,7 @@ import pandas as pd
 from drafter_attn.bench.options import BenchError
 from drafter_attn.bench.output import BASELINE_DASH, ctx_axis, save_figure
 from drafter_attn.kernels import baselines
+from drafter_attn.tuner.cli_checks import write_whole
 
 GEOM_COLS = ["num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window", "num_layers", "dtype"]
 
@@ -27,23 +29,20 @@ GEOM_COLS = ["num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "w
 def load(db_path, sm: int | None = None, preset: str | None = None) -> pd.DataFrame:
     from drafter_attn.tuner.db import ProfileDB, SchemaError
 
+    sql = ("SELECT r.*, r.id AS row_order, e.gpu_name, e.sm "
+           "FROM results r JOIN environments e ON r.env_id = e.env_id "
+           "WHERE r.status = 'ok' AND (r.median_us IS NOT NULL OR "
+           f"(r.impl IN ({', '.join(repr(n) for n in baselines.NAMES)}) "
+           "AND r.attention_median_us IS NOT NULL))")
+    args: list = []
+    if sm is not None:
+        sql += " AND e.sm = ?"
+        args.append(sm)
     try:
-        db = ProfileDB(db_path, create=False)
-    except SchemaError as exc:
+        with ProfileDB(db_path, readonly=True) as db:
+            rows = db.query(sql, args)
+    except SchemaError as exc:  # missing, foreign, empty or corrupt: nothing is written
         raise BenchError(f"bench report: {exc}") from None
-    try:
-        sql = ("SELECT r.*, r.id AS row_order, e.gpu_name, e.sm "
-               "FROM results r JOIN environments e ON r.env_id = e.env_id "
-               "WHERE r.status = 'ok' AND (r.median_us IS NOT NULL OR "
-               f"(r.impl IN ({', '.join(repr(n) for n in baselines.NAMES)}) "
-               "AND r.attention_median_us IS NOT NULL))")
-        args: list = []
-        if sm is not None:
-            sql += " AND e.sm = ?"
-            args.append(sm)
-        rows = db.query(sql, args)
-    finally:
-        db.close()
     df = pd.DataFrame(rows)
     if df.empty:
         where = f" for SM {sm}" if sm is not None else ""
@@ -184,6 +183,7 @@ def build(df: pd.DataFrame, out: Path, db_path) -> tuple[Path, list[Path]]:
     """Write the PNGs and report.md under `out`; returns the markdown's path and the PNGs'."""
     out.mkdir(parents=True, exist_ok=True)
     ov = overheads(df)
+    slugs: set[str] = set()
     lines = [f"# bench report, {dt.date.today():%Y-%m-%d}", "",
              f"From `{db_path}`: {len(df)} measured rows (latest per candidate), "
              f"{df['env_id'].nunique()} environment(s).",
@@ -198,8 +198,7 @@ def build(df: pd.DataFrame, out: Path, db_path) -> tuple[Path, list[Path]]:
         names = sorted({p for p in g["preset"].dropna().unique()})
         geom = _geometry_label(first)
         label = f"{', '.join(names)} ({geom})" if names else geom
-        slug = (names[0] if names else geom.replace("/", "-").replace(" ", "_"))
-        png = out / f"report-sm{sm}-{slug}.png"
+        png = out / f"report-sm{sm}-{_slug(names[0] if names else geom, slugs)}.png"
         plot_group(g, png, f"{gpu} (SM {sm}): {label}")
         plots.append(png)
         lines += [f"## SM {sm}, {gpu}: {label}", "", f"![latency]({png.name})", ""]
@@ -218,6 +217,17 @@ def build(df: pd.DataFrame, out: Path, db_path) -> tuple[Path, list[Path]]:
                 .reset_index())
         wide.columns.name = None
         lines += ["Median latency (us):", "", _md_table(wide), ""]
-    path = out / "report.md"
-    path.write_text("\n".join(lines))
+    path = write_whole(out / "report.md", lambda tmp: tmp.write_text("\n".join(lines)))
     return path, plots
+
+
+def _slug(name: str, taken: set) -> str:
+    """A file-name part from a preset or geometry name: the database's text is untrusted, so
+    anything but letters, digits, '.', '-' and '_' becomes '_' (no '/' or '..' can leave --out),
+    and a name already used gets a number."""
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", name).replace("..", "_").strip("._-") or "geometry"
+    slug, n = base[:80], 2
+    while slug in taken:
+        slug, n = f"{base[:80]}-{n}", n + 1
+    taken.add(slug)
+    return slug

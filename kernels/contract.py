@@ -5,15 +5,22 @@ argument instead of a wrong answer or an illegal address.
 
 Checks that depend only on shapes, dtypes, devices, strides and Python arguments always run.
 Checks that depend on tensor *values* (ctx_lens against the capacity, page ids and slots in range,
-num_new in [0, T]) run only when the tensors are on the CPU: reading device memory would make the
-host wait for the GPU, and a decode step must never do that (nor could it inside a CUDA graph).
-On the GPU those conditions are the caller's responsibility; the reference clamps what it can so
-that a violation gives wrong numbers rather than an out-of-range access where it cheaply can.
+num_new in [0, T], no two stored rows landing on one cache row) run only when the tensors are on the
+CPU: reading device memory would make the host wait for the GPU, and a decode step must never do
+that (nor could it inside a CUDA graph). On the GPU those conditions are the caller's
+responsibility; the reference clamps what it can so that a violation gives wrong numbers rather
+than an out-of-range access where it cheaply can.
+
+Debug mode: with the environment variable DRAFTER_CHECKS=full the value checks also run on GPU
+tensors (outside CUDA graph capture). Each call then reads device memory and waits for the GPU, so
+it is for finding a caller's bug, never for serving or timing.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+import os
 from dataclasses import dataclass
 
 import torch
@@ -108,13 +115,26 @@ def _positive_sizes(name: str, t: torch.Tensor, **sizes: int) -> None:
 def _scale(scale, head_dim: int) -> float:
     if scale is None:
         return head_dim**-0.5
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+    # numbers.Real admits numpy scalars (np.float32 is not a float subclass); bool is refused.
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale must be a positive finite number or None, got {scale!r}")
     return float(scale)
 
 
-def _on_host(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu"
+def _window(mask, window):
+    """The window as a Python int (numpy integers welcome), validated against the mask."""
+    if isinstance(window, numbers.Integral) and not isinstance(window, bool):
+        window = int(window)
+    elif window is not None and mask != "full":
+        raise ValueError(f"window must be a positive integer, got {window!r} ({type(window).__name__})")
+    return resolve_window(mask, window)
+
+
+def _check_values(t: torch.Tensor) -> bool:
+    """Whether the value checks run for tensors on t's device (see the module docstring)."""
+    if t.device.type == "cpu":
+        return True
+    return os.environ.get("DRAFTER_CHECKS") == "full" and not torch.cuda.is_current_stream_capturing()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,7 +157,8 @@ def _check_lengths(ctx_lens: torch.Tensor, capacity: int, cap_arg: str, extra=No
 
 def _check_pages_in_range(block_table: torch.Tensor, end: torch.Tensor, page_size: int, num_pages: int) -> None:
     # Only the columns that hold tokens [0, end) must be valid page ids; the rest may be garbage.
-    used = (end.long()[:, None] + page_size - 1) // page_size > torch.arange(block_table.shape[1])
+    columns = torch.arange(block_table.shape[1], device=block_table.device)
+    used = (end.long()[:, None] + page_size - 1) // page_size > columns
     bad = used & ((block_table < 0) | (block_table >= num_pages))
     if bad.any():
         b, c = (int(i) for i in torch.nonzero(bad)[0])
@@ -152,6 +173,35 @@ def _check_slots_in_range(slots: torch.Tensor, num_slots: int) -> None:
     if bad.any():
         b = int(torch.nonzero(bad)[0])
         raise ValueError(f"slots[{b}]={int(slots[b])} is not a slot in [0, {num_slots})")
+
+
+def _check_distinct_rows(block_table: torch.Tensor, ctx_lens: torch.Tensor, num_new: torch.Tensor,
+                         page_size: int) -> None:
+    """No two stored rows may land on one cache row (page, offset): the writes would race and one
+    request's rows would be lost. Rows a store writes: positions [ctx_lens[b], ctx_lens[b] + num_new[b])."""
+    B = block_table.shape[0]
+    T = int(num_new.max()) if B else 0
+    if T == 0:
+        return
+    dev = block_table.device
+    pos = ctx_lens.long()[:, None] + torch.arange(T, device=dev)[None, :]
+    written = torch.arange(T, device=dev)[None, :] < num_new.long()[:, None]
+    cols = (pos // page_size).clamp(max=block_table.shape[1] - 1)
+    pages = torch.gather(block_table.long(), 1, cols)
+    rows = (pages * page_size + pos % page_size)[written]
+    if torch.unique(rows).numel() == rows.numel():
+        return
+    request = torch.arange(B, device=dev)[:, None].expand(B, T)[written]
+    order = torch.argsort(rows, stable=True)
+    rows, request = rows[order], request[order]
+    i = int(torch.nonzero(rows[1:] == rows[:-1])[0])
+    a, b = int(request[i]), int(request[i + 1])
+    page, offset = divmod(int(rows[i]), page_size)
+    if a == b:
+        raise ValueError(f"block_table: request {a} writes row {offset} of page {page} twice (its "
+                         f"block_table row names page {page} in two columns)")
+    raise ValueError(f"block_table: requests {a} and {b} both write row {offset} of page {page}; a "
+                     f"store must not write one cache row twice (their block_table rows share page {page})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,7 +221,7 @@ def _check_block(q, k_blk, v_blk, mask, window, scale):
     if Hq % Hkv:
         raise ValueError(f"q has {Hq} heads, not a multiple of the {Hkv} KV heads of k_blk")
     _contiguous(q=q, k_blk=k_blk, v_blk=v_blk)
-    window = resolve_window(mask, window)
+    window = _window(mask, window)
     return B, Qb, Hq, Hkv, D, window, _scale(scale, D)
 
 
@@ -239,7 +289,7 @@ def check_paged(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask="
     """
     B, Qb, Hq, Hkv, D, window, scale = _check_block(q, k_blk, v_blk, mask, window, scale)
     ps, cap = _check_paged_cache("q", q, B, Hkv, D, k_pages, v_pages, block_table, ctx_lens)
-    if _on_host(q):
+    if _check_values(q):
         _check_lengths(ctx_lens, cap, "block_table")
         _check_pages_in_range(block_table, ctx_lens, ps, k_pages.shape[0])
     return Dims(B, Qb, Hq, Hkv, D, Hq // Hkv, ps, cap, mask, window, scale, q.dtype)
@@ -262,7 +312,7 @@ def check_arena(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, mask="full",
     """
     B, Qb, Hq, Hkv, D, window, scale = _check_block(q, k_blk, v_blk, mask, window, scale)
     cap = _check_arena_cache("q", q, B, Hkv, D, k_arena, v_arena, slots, ctx_lens)
-    if _on_host(q):
+    if _check_values(q):
         _check_lengths(ctx_lens, cap, "k_arena")
         _check_slots_in_range(slots, k_arena.shape[0])
     return Dims(B, Qb, Hq, Hkv, D, Hq // Hkv, None, cap, mask, window, scale, q.dtype)
@@ -278,7 +328,7 @@ def _check_new_rows(k_new, v_new, num_new):
     _shape("v_new", v_new, B=B, T=T, Hkv=Hkv, D=D)
     _shape("num_new", num_new, B=B)
     _contiguous(k_new=k_new, v_new=v_new, num_new=num_new)
-    if _on_host(num_new) and ((num_new < 0) | (num_new > T)).any():
+    if _check_values(num_new) and ((num_new < 0) | (num_new > T)).any():
         b = int(torch.nonzero((num_new < 0) | (num_new > T))[0])
         raise ValueError(f"num_new[{b}]={int(num_new[b])} is outside [0, T={T}]")
     return B, T, Hkv, D
@@ -300,9 +350,10 @@ def check_store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_
     """
     B, T, Hkv, D = _check_new_rows(k_new, v_new, num_new)
     ps, cap = _check_paged_cache("k_new", k_new, B, Hkv, D, k_pages, v_pages, block_table, ctx_lens)
-    if _on_host(k_new):
+    if _check_values(k_new):
         _check_lengths(ctx_lens, cap, "block_table", num_new, "num_new")
         _check_pages_in_range(block_table, ctx_lens.long() + num_new.long(), ps, k_pages.shape[0])
+        _check_distinct_rows(block_table, ctx_lens, num_new, ps)
     return StoreDims(B, T, Hkv, D, ps, cap, k_new.dtype)
 
 
@@ -322,7 +373,7 @@ def check_store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens) 
     """
     B, T, Hkv, D = _check_new_rows(k_new, v_new, num_new)
     cap = _check_arena_cache("k_new", k_new, B, Hkv, D, k_arena, v_arena, slots, ctx_lens)
-    if _on_host(k_new):
+    if _check_values(k_new):
         _check_lengths(ctx_lens, cap, "k_arena", num_new, "num_new")
         _check_slots_in_range(slots, k_arena.shape[0])
         # Two requests writing one slot would race; reading one slot twice (attention) is fine.

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from drafter_attn.tuner import db as dbmod
-from drafter_attn.tuner.db import ProfileDB, SchemaError, merge
+from drafter_attn.tuner.db import DatabaseError, ProfileDB, SchemaError, merge
 
 REPO = Path(__file__).resolve().parent.parent
 FP = dict(gpu_name="NVIDIA H200", sm=90, sm_count=132, driver="580.95.05", cuda="13.0",
@@ -60,9 +60,9 @@ def test_bad_rows_are_refused(tmp_path):
             db.add_result({**_row(env), "median_ms": 1.0})
         with pytest.raises(ValueError, match="status='broken'"):
             db.add_result(_row(env, status="broken"))
-        with pytest.raises(sqlite3.IntegrityError):  # provenance is checked by the schema
-            db.add_result(_row(env, provenance="guessed"))
-        with pytest.raises(sqlite3.IntegrityError):  # the environment must exist
+        with pytest.raises(DatabaseError, match="p.db: storing a result failed: CHECK constraint"):
+            db.add_result(_row(env, provenance="guessed"))  # provenance is checked by the schema
+        with pytest.raises(DatabaseError, match="FOREIGN KEY"):  # the environment must exist
             db.add_result(_row("no-such-env"))
 
 
@@ -151,7 +151,7 @@ def test_merge(tmp_path):
     assert merge(out, a, b)["results"] == 0  # merging again adds nothing
     with ProfileDB(out, create=False) as db:
         assert db.count("results") == 5
-    with pytest.raises(ValueError, match="into itself"):
+    with pytest.raises(SchemaError, match="into itself"):
         merge(a, a)
     bad = tmp_path / "bad.db"
     ProfileDB(bad).close()

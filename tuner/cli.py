@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 
+from drafter_attn.tuner.cli_checks import positive_float, positive_int
 from drafter_attn.tuner.db import ProfileDB, SchemaError, default_path
 
 DB_HELP = """\
@@ -63,7 +64,7 @@ def cmd_sweep(args) -> int:
     devices = [d for d in args.devices.split(",") if d] if args.devices else None
     path = _db_path(args)
     print(f"sweep {spec.name!r}: {len(candidates)} candidates -> {path}", file=sys.stderr)
-    out = run_sweep(candidates, path, timeout_s=args.timeout or spec.timeout_s,
+    out = run_sweep(candidates, path, timeout_s=spec.timeout_s if args.timeout is None else args.timeout,
                     options=dict(reps=spec.reps, nsys=spec.nsys), devices=devices,
                     retry_failed=args.retry_failed, progress=not args.no_progress, name=spec.name)
     summary = ", ".join(f"{n} {s}" for s, n in sorted(out.by_status.items())) or "nothing measured"
@@ -98,8 +99,8 @@ def load_results(path, *, sm=None, gpu=None, preset=None, impl=None, status=None
         args.append(status)
     sql = ("SELECT e.gpu_name, e.sm, e.driver, r.* FROM results r JOIN environments e USING (env_id)"
            + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY r.id")
-    with ProfileDB(path, create=False) as db:
-        df = pd.read_sql_query(sql, db.conn, params=args)
+    with ProfileDB(path, readonly=True) as db:
+        df = db.frame(sql, args)
     # the most host syncs any detector layer measured (NULL where none ran)
     df["syncs"] = df[["syncs_debug", "syncs_profiler", "syncs_nsys"]].apply(pd.to_numeric).max(axis=1)
     df["kv_mib"] = df["kv_bytes"] / 2**20
@@ -107,11 +108,9 @@ def load_results(path, *, sm=None, gpu=None, preset=None, impl=None, status=None
 
 
 def load_compile_profiles(path, sm=None):
-    import pandas as pd
-
     sql = "SELECT * FROM compile_profiles" + (" WHERE sm = ?" if sm is not None else "") + " ORDER BY id"
-    with ProfileDB(path, create=False) as db:
-        return pd.read_sql_query(sql, db.conn, params=[sm] if sm is not None else [])
+    with ProfileDB(path, readonly=True) as db:
+        return db.frame(sql, [sm] if sm is not None else [])
 
 
 def _compact_params(text) -> str:
@@ -249,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", help='a TOML sweep spec, or "default" for the spec shipped with the tuner')
     _add_db(p)
     p.add_argument("--devices", help="CUDA_VISIBLE_DEVICES entries to use, e.g. 0,1 (default: every visible GPU)")
-    p.add_argument("--timeout", type=float, help="seconds per candidate (default: the spec's timeout_s)")
+    p.add_argument("--timeout", type=positive_float, help="seconds per candidate (default: the spec's timeout_s)")
     p.add_argument("--retry-failed", action="store_true", help="measure failed candidates again")
     p.add_argument("--dry-run", action="store_true", help="list the candidates and stop")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -269,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int)
     p.add_argument("--ctx-len", type=int)
     p.add_argument("--sweep", help="sweep id")
-    p.add_argument("--limit", type=int, help="only the last N rows")
+    p.add_argument("--limit", type=positive_int, help="only the last N rows")
     p.add_argument("--all-columns", action="store_true", help="every column in the table view")
     p.add_argument("--compile", action="store_true", help="the static compile profiles instead")
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
@@ -311,6 +310,10 @@ def main(argv=None) -> int:
         return args.func(args)
     except (SchemaError, SpecError, SweepError) as exc:
         print(f"tuner {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a file the command needs cannot be read or written (full disk, folder)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"tuner {args.command}: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"tuner {args.command}: interrupted (finished results are in the database)", file=sys.stderr)

@@ -20,12 +20,14 @@ source checkout this package runs from (when that `profiles/` folder exists); el
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
 import os
 import sqlite3
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -128,6 +130,9 @@ SCHEMA = [
 ]
 
 
+TABLES = {"meta", "environments", "results", "compile_profiles"}
+
+
 class SchemaError(RuntimeError):
     """The file is not a profile database of the schema version this tuner reads."""
 
@@ -176,53 +181,118 @@ def _retry_locked(fn, attempts: int = 200, wait_s: float = 0.05):
             time.sleep(wait_s)
 
 
-class ProfileDB:
-    """An open profile database. `create=False` refuses a missing file instead of creating it."""
+class DatabaseError(SchemaError):
+    """SQLite failed on an open profile database (corrupt pages, a dropped table, a full disk, a
+    read-only folder); the message names the file."""
 
-    def __init__(self, path: str | os.PathLike | None = None, *, create: bool = True):
+
+@contextlib.contextmanager
+def db_errors(path, doing: str):
+    """Turn SQLite's errors while `doing` something with `path` into a DatabaseError naming both."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise DatabaseError(f"{path}: {doing} failed: {exc}") from exc
+
+
+def _readonly_uri(path: Path, immutable: bool) -> str:
+    return ("file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
+            + ("&immutable=1" if immutable else ""))
+
+
+def _cannot_open(exc: sqlite3.Error) -> bool:
+    # A WAL database in a folder this process cannot write (package data): its -shm side file
+    # cannot be created, so only an immutable open reads it.
+    text = str(exc).lower()
+    return "unable to open" in text or "readonly" in text or "read-only" in text
+
+
+class ProfileDB:
+    """An open profile database.
+
+    `create=False` refuses a missing or empty file instead of creating a schema in it.
+    `readonly=True` (implies create=False) opens the file read-only (SQLite `mode=ro`, and
+    `immutable=1` when the folder cannot hold WAL side files): the file is never written, and any
+    write through this object fails. Every read-only command opens the database this way.
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None, *, create: bool = True,
+                 readonly: bool = False):
         self.path = Path(path) if path is not None else default_path()
+        create = create and not readonly
+        if self.path.is_dir():
+            raise SchemaError(f"{self.path} is a directory, not a profile database")
         if not self.path.exists():
             if not create:
                 raise SchemaError(f"no profile database at {self.path} (run `tuner sweep` or "
                                   f"`tuner compile` to create one, or pass --db)")
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Autocommit: every statement is its own transaction unless BEGIN says otherwise.
-        self.conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-        self.conn.row_factory = sqlite3.Row
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise SchemaError(f"cannot create the folder of {self.path}: {exc.strerror or exc}") from None
+        elif not create and self.path.stat().st_size == 0:
+            raise SchemaError(f"{self.path} is an empty file, not a profile database")
         try:
-            self.conn.execute("PRAGMA busy_timeout = 60000")
-            _retry_locked(self._check_or_create)
-            mode = _retry_locked(lambda: self.conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            self.conn = self._connect_readonly() if readonly else self._connect(create)
+        except sqlite3.DatabaseError as exc:
+            raise SchemaError(f"{self.path} is not a readable SQLite profile database: {exc}") from exc
+
+    def _connect(self, create: bool) -> sqlite3.Connection:
+        # Autocommit: every statement is its own transaction unless BEGIN says otherwise.
+        conn = self.conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        try:
+            conn.execute("PRAGMA busy_timeout = 60000")
+            _retry_locked(lambda: self._check_or_create(create))
+            mode = _retry_locked(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
             if mode.lower() != "wal":
                 raise SchemaError(f"{self.path}: could not switch to WAL mode (journal_mode={mode})")
-            self.conn.execute("PRAGMA foreign_keys = ON")
-        except sqlite3.DatabaseError as exc:
-            self.conn.close()
-            raise SchemaError(f"{self.path} is not a readable SQLite profile database: {exc}") from exc
+            conn.execute("PRAGMA foreign_keys = ON")
         except BaseException:
-            self.conn.close()
+            conn.close()
             raise
+        return conn
+
+    def _connect_readonly(self) -> sqlite3.Connection:
+        for immutable in (False, True):
+            conn = self.conn = sqlite3.connect(_readonly_uri(self.path, immutable), uri=True, timeout=60,
+                                               isolation_level=None)
+            conn.row_factory = sqlite3.Row
+            try:
+                conn.execute("PRAGMA query_only = ON")
+                self._check_meta(self._tables(), migrate=False)
+                return conn
+            except sqlite3.OperationalError as exc:
+                conn.close()
+                if immutable or not _cannot_open(exc):
+                    raise
+            except BaseException:
+                conn.close()
+                raise
+        raise AssertionError("unreachable")
 
     # -- schema -------------------------------------------------------------------------------
-    def _check_or_create(self) -> None:
-        c = self.conn
-        c.execute("BEGIN IMMEDIATE")  # serialises first openers racing to create the schema
-        try:
-            tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if not tables:
+    def _tables(self) -> set:
+        return {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+    def _check_or_create(self, create: bool) -> None:
+        with self.transaction():  # BEGIN IMMEDIATE serialises first openers racing to create the schema
+            tables = self._tables()
+            if not tables and create:
                 for stmt in SCHEMA:
-                    c.execute(stmt)
-                c.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
-                              [("schema", SCHEMA_NAME), ("schema_version", str(SCHEMA_VERSION)),
-                               ("created_at", now())])
+                    self.conn.execute(stmt)
+                self.conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
+                                      [("schema", SCHEMA_NAME), ("schema_version", str(SCHEMA_VERSION)),
+                                       ("created_at", now())])
             else:
                 self._check_meta(tables)
-            c.execute("COMMIT")
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
 
-    def _check_meta(self, tables: set) -> None:
+    def _check_meta(self, tables: set, migrate: bool = True) -> None:
+        """Refuse what is not a profile database of a version this tuner reads; bring an older
+        version up to date when `migrate` (a read-only open reads it as it is: the columns added
+        since are absent, i.e. not measured)."""
+        if not tables:
+            raise SchemaError(f"{self.path} holds no tables; it is not a drafter-attn profile database")
         if "meta" not in tables:
             raise SchemaError(f"{self.path} is not a drafter-attn profile database "
                               f"(it has tables {sorted(tables)} but no 'meta' table)")
@@ -232,12 +302,23 @@ class ProfileDB:
                               f"(schema {meta.get('schema')!r}, expected {SCHEMA_NAME!r})")
         version = meta.get("schema_version")
         if version is not None and version.isdigit() and int(version) in MIGRATIONS:
-            self._migrate(int(version))
+            if migrate:
+                self._migrate(int(version))
         elif version != str(SCHEMA_VERSION):
             raise SchemaError(
                 f"{self.path} has profile schema version {version}, but this tuner reads version "
                 f"{SCHEMA_VERSION} only; use a tuner of that version, or pass --db for a new file"
             )
+        missing = sorted(TABLES - tables)
+        if missing:
+            raise SchemaError(f"{self.path} is a damaged profile database: table(s) {missing} are missing")
+
+    def check_integrity(self) -> None:
+        """Raise DatabaseError when SQLite finds damaged pages (PRAGMA quick_check)."""
+        with db_errors(self.path, "checking integrity"):
+            problems = [r[0] for r in self.conn.execute("PRAGMA quick_check(5)")]
+        if problems != ["ok"]:
+            raise DatabaseError(f"{self.path} is damaged: {'; '.join(problems)}")
 
     def _migrate(self, version: int) -> None:
         """Bring an older database up to SCHEMA_VERSION (inside the caller's transaction)."""
@@ -257,8 +338,9 @@ class ProfileDB:
         eid = env_id(fp)
         names = ["env_id", *FIELDS, "fingerprint", "created_at"]
         values = [eid, *(fp.get(f) for f in FIELDS), canonical_json(fp), now()]
-        self.conn.execute(f"INSERT OR IGNORE INTO environments ({', '.join(names)}) "
-                          f"VALUES ({', '.join('?' * len(names))})", values)
+        with db_errors(self.path, "storing an environment"):
+            self.conn.execute(f"INSERT OR IGNORE INTO environments ({', '.join(names)}) "
+                              f"VALUES ({', '.join('?' * len(names))})", values)
         return eid
 
     def add_result(self, row: dict) -> int:
@@ -285,8 +367,9 @@ class ProfileDB:
             if isinstance(row.get(key), bool):
                 row[key] = int(row[key])
         names = list(row)
-        cur = self.conn.execute(f"INSERT INTO results ({', '.join(names)}) "
-                                f"VALUES ({', '.join('?' * len(names))})", [row[n] for n in names])
+        with db_errors(self.path, "storing a result"):
+            cur = self.conn.execute(f"INSERT INTO results ({', '.join(names)}) "
+                                    f"VALUES ({', '.join('?' * len(names))})", [row[n] for n in names])
         return cur.lastrowid
 
     def add_compile_rows(self, rows: list[dict], sources_hash: str, nvrtc: str) -> int:
@@ -298,16 +381,23 @@ class ProfileDB:
         for r in rows:
             full = {**r, "sources_hash": sources_hash, "nvrtc": nvrtc, "created_at": stamp}
             values.append([full.get(n) for n in names])
+        with db_errors(self.path, "storing compile profiles"), self.transaction():
+            self.conn.executemany(f"INSERT OR REPLACE INTO compile_profiles ({', '.join(names)}) "
+                                  f"VALUES ({', '.join('?' * len(names))})", values)
+        return len(values)
+
+    @contextlib.contextmanager
+    def transaction(self):
+        """All statements inside commit together or not at all."""
         c = self.conn
         c.execute("BEGIN IMMEDIATE")
         try:
-            c.executemany(f"INSERT OR REPLACE INTO compile_profiles ({', '.join(names)}) "
-                          f"VALUES ({', '.join('?' * len(names))})", values)
+            yield
             c.execute("COMMIT")
         except BaseException:
-            c.execute("ROLLBACK")
+            if c.in_transaction:
+                c.execute("ROLLBACK")
             raise
-        return len(values)
 
     # -- reads --------------------------------------------------------------------------------
     def done_candidates(self, env_id: str, statuses=None) -> set[str]:
@@ -317,15 +407,27 @@ class ProfileDB:
         if statuses:
             sql += f" AND status IN ({', '.join('?' * len(statuses))})"
             args += list(statuses)
-        return {r[0] for r in self.conn.execute(sql, args)}
+        with db_errors(self.path, "reading done candidates"):
+            return {r[0] for r in self.conn.execute(sql, args)}
 
     def count(self, table: str = "results") -> int:
-        if table not in ("results", "environments", "compile_profiles"):
+        if table not in TABLES - {"meta"}:
             raise ValueError(f"unknown table {table!r}")
-        return self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+        with db_errors(self.path, f"counting {table}"):
+            return self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
 
     def query(self, sql: str, args=()) -> list[dict]:
-        return [dict(r) for r in self.conn.execute(sql, args)]
+        with db_errors(self.path, "reading"):
+            return [dict(r) for r in self.conn.execute(sql, args)]
+
+    def frame(self, sql: str, args=()):
+        """A query's rows as a pandas DataFrame (its columns even when no row matches)."""
+        import pandas as pd
+
+        with db_errors(self.path, "reading"):
+            cur = self.conn.execute(sql, list(args))
+            rows = [tuple(r) for r in cur]
+        return pd.DataFrame.from_records(rows, columns=[d[0] for d in cur.description], coerce_float=True)
 
     def close(self) -> None:
         self.conn.close()
@@ -340,29 +442,37 @@ class ProfileDB:
 def merge(dst: str | os.PathLike, *srcs: str | os.PathLike) -> dict[str, int]:
     """Copy every environment, result and compile profile of `srcs` into `dst` (created when
     missing). Rows already there (same result uid; same compile key) are skipped, so merging twice
-    adds nothing. Each source's schema is checked first. Returns rows added per table."""
+    adds nothing. Every source is checked (exists, is a profile database of this schema, is not
+    `dst`, is named once) before `dst` is created or touched. Returns rows added per table."""
+    dst_path = Path(dst)
+    seen: set[Path] = set()
+    for src in srcs:
+        real = Path(src).resolve()
+        if real == dst_path.resolve():
+            raise SchemaError(f"cannot merge {src} into itself (it is the destination {dst})")
+        if real in seen:
+            raise SchemaError(f"{src} is named twice as a source")
+        seen.add(real)
+        with ProfileDB(src, readonly=True) as db:  # refuses foreign, empty or missing files
+            db.check_integrity()
     added = {"environments": 0, "results": 0, "compile_profiles": 0}
-    with ProfileDB(dst) as out:
+    with ProfileDB(dst_path) as out:
         for src in srcs:
-            if Path(src).resolve() == out.path.resolve():
-                raise ValueError(f"cannot merge {src} into itself")
-            ProfileDB(src, create=False).close()  # refuses foreign or missing files
-            c = out.conn
-            c.execute("ATTACH DATABASE ? AS src", (str(src),))
-            try:
-                c.execute("BEGIN IMMEDIATE")
-                try:
-                    for table, columns in (("environments", ENV_COLUMNS), ("results", RESULT_COLUMNS),
-                                           ("compile_profiles", COMPILE_COLUMNS)):
-                        have = {r[1] for r in c.execute(f"PRAGMA src.table_info({table})")}
-                        cols = ", ".join(n for n in _names(columns) if n in have)
-                        cur = c.execute(f"INSERT OR IGNORE INTO main.{table} ({cols}) "
-                                        f"SELECT {cols} FROM src.{table}")
-                        added[table] += cur.rowcount
-                    c.execute("COMMIT")
-                except BaseException:
-                    c.execute("ROLLBACK")
-                    raise
-            finally:
-                c.execute("DETACH DATABASE src")
+            with db_errors(src, f"merging into {dst}"):
+                _merge_one(out, src, added)
     return added
+
+
+def _merge_one(out: ProfileDB, src, added: dict) -> None:
+    c = out.conn
+    c.execute("ATTACH DATABASE ? AS src", (str(src),))
+    try:
+        with out.transaction():
+            for table, columns in (("environments", ENV_COLUMNS), ("results", RESULT_COLUMNS),
+                                   ("compile_profiles", COMPILE_COLUMNS)):
+                have = {r[1] for r in c.execute(f"PRAGMA src.table_info({table})")}  # older schema: fewer
+                cols = ", ".join(n for n in _names(columns) if n in have)
+                cur = c.execute(f"INSERT OR IGNORE INTO main.{table} ({cols}) SELECT {cols} FROM src.{table}")
+                added[table] += cur.rowcount
+    finally:
+        c.execute("DETACH DATABASE src")

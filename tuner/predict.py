@@ -20,13 +20,15 @@ the source of every number.
 
 from __future__ import annotations
 
+import math
 import sys
 import uuid
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from drafter_attn.tuner.db import ProfileDB
+from drafter_attn.tuner.db import ProfileDB, db_errors
+from drafter_attn.tuner.env import env_id
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -164,7 +166,7 @@ def predict(db_path, target_sm: int, from_sm: int | None = None, *, gpu: str | N
     target = target_gpu(gpus, target_sm, gpu)
     summary = {"target": target.name, "target_sm": target.sm, "target_tbs": target.bandwidth_tbs,
                "target_source": target.source, "written": 0, "skipped_done": 0,
-               "skipped_no_bytes": 0, "no_datasheet": [], "sources": []}
+               "skipped_no_bytes": 0, "skipped_bad": [], "no_datasheet": [], "sources": []}
     with ProfileDB(db_path, create=False) as db:
         sms = measured_sms(db)
         if from_sm is None:
@@ -177,7 +179,8 @@ def predict(db_path, target_sm: int, from_sm: int | None = None, *, gpu: str | N
             raise DatasheetError(f"{db.path} holds no measured ok rows of sm{from_sm} (measured: "
                                  f"{', '.join(f'sm{s}' for s in sms) or 'none'})")
         sweep_id = "predict-" + uuid.uuid4().hex[:12]
-        envs: dict[str, tuple[str, GPU, set]] = {}
+        envs: dict[str, tuple[str, dict, GPU, set]] = {}
+        pending: list[tuple[dict, dict]] = []
         for row in rows:
             src = gpu_for_device(gpus, row["gpu_name"])
             if src is None:
@@ -189,32 +192,57 @@ def predict(db_path, target_sm: int, from_sm: int | None = None, *, gpu: str | N
                           sm_count=None, driver=None, cuda=row["cuda"], torch=row["torch"],
                           cupy=row["cupy"], cutlass=row["cutlass"], nvrtc=row["nvrtc"],
                           sources_hash=row["sources_hash"])
-                eid = db.add_environment(fp)
-                envs[row["env_id"]] = (eid, src, db.done_candidates(eid))
+                eid = env_id(fp)
+                envs[row["env_id"]] = (eid, fp, src, db.done_candidates(eid))
                 summary["sources"].append({"gpu": row["gpu_name"], "datasheet": src.name,
                                            "tbs": src.bandwidth_tbs, "source": src.source})
-            eid, src, done = envs[row["env_id"]]
+            eid, fp, src, done = envs[row["env_id"]]
             if row["candidate_key"] in done:
                 summary["skipped_done"] += 1
                 continue
             if not row.get("bytes_moved"):
                 summary["skipped_no_bytes"] += 1
                 continue
-            achieved = row["bytes_moved"] / (row["median_us"] * 1e-6)
-            efficiency = achieved / src.bytes_per_s
-            ratio = src.bytes_per_s / target.bytes_per_s
-            out = {k: row[k] for k in COPIED}
-            for k in SCALED:
-                out[k] = None if row.get(k) is None else row[k] * ratio
-            predicted_bw = row["bytes_moved"] / (out["median_us"] * 1e-6)
-            out.update(env_id=eid, status="ok", provenance="predicted", sweep_id=sweep_id,
-                       worker="tuner predict", bandwidth_gbs=predicted_bw / 1e9,
-                       reason=(f"predicted: roofline projection of {row['median_us']:.2f} us measured on "
-                               f"{row['gpu_name']} (sm{from_sm}, row {row['id']}): efficiency "
-                               f"{efficiency:.3f} of its datasheet {src.bandwidth_tbs} TB/s "
-                               f"[{src.source}] applied to {target.name} {target.bandwidth_tbs} TB/s "
-                               f"[{target.source}]"))
-            db.add_result(out)
+            if _bad_numbers(row):
+                summary["skipped_bad"].append(row["id"])
+                continue
+            out = _projected(row, src, target, from_sm)
+            out.update(env_id=eid, sweep_id=sweep_id)
+            pending.append((fp, out))
             done.add(row["candidate_key"])
-            summary["written"] += 1
+        # All or nothing: a failure part way leaves no half-written prediction behind.
+        with db_errors(db.path, "storing predicted rows"), db.transaction():
+            for fp, out in pending:
+                db.add_environment(fp)
+                db.add_result(out)
+        summary["written"] = len(pending)
     return summary
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _bad_numbers(row: dict) -> list[str]:
+    """Columns of a measured row that a projection needs but that hold no usable number."""
+    bad = [k for k in ("median_us", "bytes_moved") if not (_is_number(row.get(k)) and row[k] > 0)]
+    return bad + [k for k in SCALED[1:] if row.get(k) is not None and not _is_number(row[k])]
+
+
+def _projected(row: dict, src: GPU, target: GPU, from_sm: int) -> dict:
+    """The predicted row of one measured row (environment and sweep id still to fill in)."""
+    achieved = row["bytes_moved"] / (row["median_us"] * 1e-6)
+    efficiency = achieved / src.bytes_per_s
+    ratio = src.bytes_per_s / target.bytes_per_s
+    out = {k: row[k] for k in COPIED}
+    for k in SCALED:
+        out[k] = None if row.get(k) is None else row[k] * ratio
+    predicted_bw = row["bytes_moved"] / (out["median_us"] * 1e-6)
+    out.update(status="ok", provenance="predicted", worker="tuner predict",
+               bandwidth_gbs=predicted_bw / 1e9,
+               reason=(f"predicted: roofline projection of {row['median_us']:.2f} us measured on "
+                       f"{row['gpu_name']} (sm{from_sm}, row {row['id']}): efficiency "
+                       f"{efficiency:.3f} of its datasheet {src.bandwidth_tbs} TB/s "
+                       f"[{src.source}] applied to {target.name} {target.bandwidth_tbs} TB/s "
+                       f"[{target.source}]"))
+    return out

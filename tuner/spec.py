@@ -345,8 +345,15 @@ def load_spec(path: str | Path) -> SweepSpec:
             text, source = Path(path).read_text(), str(path)
         except OSError as exc:
             raise SpecError(f"{path}: cannot read the sweep spec: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise SpecError(f"{path}: not a sweep spec (not UTF-8 text; a spec is a TOML file)") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{source}: not valid TOML: {exc}") from None
-    return parse_spec(data, source)
+    from drafter_attn.kernels.registry import BackendUnavailable
+
+    try:
+        return parse_spec(data, source)
+    except BackendUnavailable as exc:  # e.g. cutlass without the nvidia-cutlass wheel
+        raise SpecError(f"{source}: {exc}") from None

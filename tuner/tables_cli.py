@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+from drafter_attn.tuner.cli_checks import OutputError, non_negative_float, writable_file
 from drafter_attn.tuner.db import SchemaError, default_path
 
 
@@ -81,13 +82,14 @@ def cmd_export(args) -> int:
     try:
         table = export_table(path, args.sm, include_predicted=args.include_predicted,
                              resolve_commits=not args.no_commits, gpu_classes=dict(args.gpu_class or []))
-    except (SchemaError, TableError) as exc:
+        out = writable_file(args.out)
+    except (SchemaError, TableError, OutputError) as exc:
         return _fail("export", exc)
     n = len(table["entries"])
     if not n:
         want = f" for sm {','.join(map(str, args.sm))}" if args.sm else ""
         return _fail("export", f"{path} holds no ok rows{want}; nothing to export")
-    out = write_table(table, args.out)
+    write_table(table, out)  # an OSError here (a full disk) is tuner's exit 2 with the file named
     kinds = sorted({e["provenance"]["kind"] for e in table["entries"]})
     print(f"{n} tuned entries ({', '.join(kinds)}; sm {', '.join(map(str, table['source']['sms']))}) "
           f"from {table['source']['rows']} rows of {path} -> {out}", file=sys.stderr)
@@ -135,6 +137,9 @@ def cmd_predict(args) -> int:
           file=sys.stderr)
     print(f"{s['written']} predicted rows written from sm{s['from_sm']}; {s['skipped_done']} predicted "
           f"before; {s['skipped_no_bytes']} without bytes_moved", file=sys.stderr)
+    if s["skipped_bad"]:
+        print(f"tuner predict: skipped {len(s['skipped_bad'])} row(s) whose median_us, bytes_moved or "
+              f"split times are not positive numbers (row ids {s['skipped_bad'][:10]})", file=sys.stderr)
     for name in s["no_datasheet"]:
         print(f"tuner predict: no datasheet entry matches {name!r}: its rows were skipped "
               f"(add it to the datasheet table)", file=sys.stderr)
@@ -214,7 +219,7 @@ def add_commands(sub, add_db) -> None:
     p = sub.add_parser("diff", help="compare two tuned tables (winner flips, slowdowns)")
     p.add_argument("a", help="the old table")
     p.add_argument("b", help="the new table")
-    p.add_argument("--threshold", type=float, default=0.05,
+    p.add_argument("--threshold", type=non_negative_float, default=0.05,
                    help="slowdown/speedup threshold as a fraction (default 0.05 = 5%%)")
     p.add_argument("--gate", action="store_true", help="exit 1 on any winner flip or slowdown")
     p.add_argument("--format", choices=["text", "json"], default="text")
@@ -248,7 +253,7 @@ def add_commands(sub, add_db) -> None:
     p.add_argument("--table", help="tuned table or profile database (default: --db, else the default database)")
     add_db(p)
     p.add_argument("--include-predicted", action="store_true", help="also use predicted rows")
-    p.add_argument("--tolerance", type=float, default=0.01,
+    p.add_argument("--tolerance", type=non_negative_float, default=0.01,
                    help="paged latency overhead over the arena still accepted (default 0.01 = 1%%)")
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.set_defaults(func=cmd_auto)
