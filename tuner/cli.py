@@ -66,8 +66,7 @@ def cmd_sweep(args) -> int:
     out = run_sweep(candidates, path, timeout_s=args.timeout or spec.timeout_s,
                     options=dict(reps=spec.reps, nsys=spec.nsys), devices=devices,
                     retry_failed=args.retry_failed, progress=not args.no_progress, name=spec.name)
-    summary = ", ".join(f"{n} {s}" for s, n in sorted(out.by_status.items())) or "nothing measured"
-    print(f"sweep {out.sweep_id}: {summary}; {out.skipped} done before (skipped)", file=sys.stderr)
+    print(f"sweep {out.sweep_id}: {out.summary()}", file=sys.stderr)
     return 0
 
 

@@ -345,3 +345,79 @@ def merge(dst: str | os.PathLike, *srcs: str | os.PathLike) -> dict[str, int]:
             finally:
                 c.execute("DETACH DATABASE src")
     return added
+
+
+# ---------------------------------------------------------------------------------------------
+# Claims: which sweep is measuring which candidate right now. A sweep claims a candidate in a
+# short write transaction before it measures it, so two sweeps of one spec over one database
+# never measure the same candidate twice. A claim holds for a lease that its sweep renews while
+# it runs; the claim of a killed sweep expires, and a later sweep takes the candidate over.
+# The table is created on first use (older databases gain it without a version change: readers
+# of schema version 1 ignore it).
+
+CLAIMS_DDL = ("CREATE TABLE IF NOT EXISTS claims (\n  env_id TEXT NOT NULL,\n  candidate_key TEXT NOT NULL,\n"
+              "  owner TEXT NOT NULL,\n  expires_at REAL NOT NULL,\n  PRIMARY KEY (env_id, candidate_key)\n)")
+
+CLAIMED, DONE, BUSY = "claimed", "done", "busy"
+
+
+def _write_transaction(conn: sqlite3.Connection, fn):
+    """fn() inside BEGIN IMMEDIATE ... COMMIT (rolled back on any error); returns fn's value."""
+    def attempt():
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            value = fn()
+            conn.execute("COMMIT")
+            return value
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    return _retry_locked(attempt)
+
+
+def ensure_claims(db: ProfileDB) -> None:
+    _retry_locked(lambda: db.conn.execute(CLAIMS_DDL))
+
+
+def claim_candidate(db: ProfileDB, env_id: str, key: str, owner: str, *, lease_s: float,
+                    since: str, statuses=None) -> str:
+    """Claim candidate `key` in environment `env_id` for `owner`, atomically. Returns DONE when
+    the database holds a row for it (with `statuses`: a row of those, or any row written at or
+    after `since`, i.e. another sweep measured it meanwhile), BUSY while another owner's claim is unexpired, else CLAIMED."""
+    done_sql = "SELECT 1 FROM results WHERE env_id = ? AND candidate_key = ?"
+    args: list = [env_id, key]
+    if statuses:
+        done_sql += f" AND (status IN ({', '.join('?' * len(statuses))}) OR created_at >= ?)"
+        args += [*statuses, since]
+    c = db.conn
+
+    def attempt() -> str:
+        if c.execute(done_sql + " LIMIT 1", args).fetchone():
+            return DONE
+        t = time.time()
+        held = c.execute("SELECT owner, expires_at FROM claims WHERE env_id = ? AND candidate_key = ?",
+                         (env_id, key)).fetchone()
+        if held and held[0] != owner and held[1] > t:
+            return BUSY
+        c.execute("INSERT OR REPLACE INTO claims (env_id, candidate_key, owner, expires_at) "
+                  "VALUES (?, ?, ?, ?)", (env_id, key, owner, t + lease_s))
+        return CLAIMED
+
+    return _write_transaction(c, attempt)
+
+
+def renew_claims(db: ProfileDB, owner: str, lease_s: float) -> None:
+    """The heartbeat: extend every claim `owner` holds by `lease_s` from now."""
+    _retry_locked(lambda: db.conn.execute("UPDATE claims SET expires_at = ? WHERE owner = ?",
+                                          (time.time() + lease_s, owner)))
+
+
+def release_claim(db: ProfileDB, env_id: str, key: str, owner: str) -> None:
+    _retry_locked(lambda: db.conn.execute(
+        "DELETE FROM claims WHERE env_id = ? AND candidate_key = ? AND owner = ?", (env_id, key, owner)))
+
+
+def release_claims(db: ProfileDB, owner: str) -> None:
+    """Drop every claim of `owner` (a sweep that stops, finished or interrupted)."""
+    _retry_locked(lambda: db.conn.execute("DELETE FROM claims WHERE owner = ?", (owner,)))
