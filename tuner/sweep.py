@@ -343,8 +343,8 @@ class _Sweep:
 
 
 class Progress:
-    """A rich progress bar with ETA (stderr): counts per status, per node and per SM; failures
-    and targets no GPU serves are printed above it as they happen."""
+    """A rich progress bar with ETA (stderr), and below it a line per node and per SM with the
+    count each has measured; failures and targets no GPU serves are printed above it."""
 
     def __init__(self, enabled: bool, name: str, total: int):
         self.enabled = enabled
@@ -355,7 +355,7 @@ class Progress:
                                    TimeElapsedColumn, TimeRemainingColumn)
 
         self.counts = collections.Counter()
-        self.nodes, self.sms = collections.Counter(), collections.Counter()
+        self.rows: dict[str, int] = {}  # "node X" / "sm90" -> its task (a count, no bar)
         self.name = name
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
@@ -368,12 +368,12 @@ class Progress:
         failed = sum(n for s, n in c.items() if s.startswith("failed"))
         text = (f"{self.name}: [green]{c['ok']} ok[/] [red]{failed} failed[/] "
                 f"{c['unsupported']} unsupported {c['skipped']} done before")
-        if c["not run"]:
-            text += f" [yellow]{c['not run']} not run[/]"
-        if self.nodes:
-            text += " | " + " ".join(f"{n}: {k}" for n, k in sorted(self.nodes.items()))
-            text += " | " + " ".join(f"sm{s}: {k}" for s, k in sorted(self.sms.items(), key=str))
-        return text
+        return text + (f" [yellow]{c['not run']} not run[/]" if c["not run"] else "")
+
+    def _count(self, row: str) -> None:
+        if row not in self.rows:
+            self.rows[row] = self.progress.add_task(f"  {row}", total=None)
+        self.progress.advance(self.rows[row])
 
     def _out_of_total(self, n: int, what: str) -> None:
         """Candidates that will not run here: out of the total, so the ETA counts only work left."""
@@ -394,10 +394,10 @@ class Progress:
         if not self.enabled:
             return
         self.counts[status] += 1
-        self.nodes[w.node] += 1
-        self.sms[w.sm] += 1
+        self._count(f"node {w.node}")
+        self._count(f"sm{w.sm}")
         if status.startswith("failed"):
-            self.progress.console.print(f"[red]{status}[/] {c.label()} on {w.node}/{w.label}: "
+            self.progress.console.print(f"[red]{status}[/] {c.label()} on {w.label}: "
                                         f"{(reason or '').splitlines()[0][:200]}")
         self.progress.update(self.task, advance=1, description=self._describe())
 
