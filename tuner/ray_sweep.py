@@ -178,7 +178,7 @@ class _Driver:
         if self.tries[i] >= self.max_tries:
             self.queue.record(i, w, node_lost_result(w.node, self.tries[i]))
         else:
-            self.queue.put_back(i, w)
+            self.queue.put_back(i)
         if not self.workers:
             raise SweepError("every GPU actor of the cluster is gone (nodes left); finished rows are kept")
         self.queue.drop_unserved([x.fp for x in self.workers.values()])

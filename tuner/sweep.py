@@ -62,6 +62,11 @@ def serves(target: str | None, fp: dict) -> bool:
     return t in str(fp.get("gpu_name") or "").lower()
 
 
+def _scope(c: Candidate) -> str:
+    """What a claim on `c` covers: its target, or "*" (any GPU)."""
+    return c.target or "*"
+
+
 def result_row(c: Candidate, result: dict, env_id: str, sweep_id: str, worker: str) -> dict:
     """A database row: the candidate's identity plus the worker's result columns."""
     key = c.problem.key()
@@ -157,8 +162,10 @@ class SweepQueue:
             if not serves(self.candidates[i].target, w.fp):
                 self.pending.append(i)
                 continue
-            state = dbm.claim_candidate(self.db, w.env_id, self.candidates[i].key(), self.owner,
-                                        lease_s=self.lease_s, since=self.since, statuses=self.statuses)
+            c = self.candidates[i]
+            state = dbm.claim_candidate(self.db, _scope(c), w.env_id, c.key(), self.owner, lease_s=self.lease_s,
+                                        since=self.since, statuses=self.statuses,
+                                        serves=lambda env, t=c.target: serves(t, env))
             if state == dbm.CLAIMED:
                 return i
             if state == dbm.DONE:  # another environment or another sweep finished it
@@ -167,15 +174,16 @@ class SweepQueue:
                 self.deferred.append(i)
         return None
 
-    def put_back(self, i: int, w: Worker) -> None:
+    def put_back(self, i: int) -> None:
         """A candidate handed out but not measured (its node left): free and queue it again."""
-        dbm.release_claim(self.db, w.env_id, self.candidates[i].key(), self.owner)
+        c = self.candidates[i]
+        dbm.release_claim(self.db, _scope(c), c.key(), self.owner)
         self.pending.appendleft(i)
 
     def record(self, i: int, w: Worker, result: dict) -> None:
         c = self.candidates[i]
         self.db.add_result(result_row(c, result, w.env_id, self.outcome.sweep_id, w.label))  # now
-        dbm.release_claim(self.db, w.env_id, c.key(), self.owner)
+        dbm.release_claim(self.db, _scope(c), c.key(), self.owner)
         status = result.get("status", "?")
         self.outcome.by_status[status] += 1
         self.bar.result(c, status, result.get("reason"), w)
@@ -271,7 +279,7 @@ class _Sweep:
                 try:
                     s.conn.send((i, self.queue.candidates[i].to_wire()))
                 except OSError:  # it died since the last look; _collect restarts it
-                    self.queue.put_back(i, self.workers[s.label])
+                    self.queue.put_back(i)
                     continue
                 s.task = (i, time.monotonic() + self.timeout_s)
 
