@@ -191,6 +191,7 @@ def test_a_node_that_leaves_mid_sweep_loses_nothing(cluster, tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out[-3000:]
+    assert "1 requeued after their node left" in out  # its in-flight candidate, once
     after = _rows(path)
     assert after[:len(before)] == before
     assert sorted(r["candidate_key"] for r in after) == sorted(c.key() for c in _candidates(ctx))

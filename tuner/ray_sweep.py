@@ -179,6 +179,7 @@ class _Driver:
             self.queue.record(i, w, node_lost_result(w.node, self.tries[i]))
         else:
             self.queue.put_back(i)
+            self.queue.outcome.requeued += 1
         if not self.workers:
             raise SweepError("every GPU actor of the cluster is gone (nodes left); finished rows are kept")
         self.queue.drop_unserved([x.fp for x in self.workers.values()])

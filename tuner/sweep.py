@@ -88,6 +88,7 @@ class SweepOutcome:
     skipped: int = 0
     by_status: collections.Counter = field(default_factory=collections.Counter)
     not_run: collections.Counter = field(default_factory=collections.Counter)  # target -> count
+    requeued: int = 0  # candidates handed out again after their node left (Ray sweeps)
 
     @property
     def measured(self) -> int:
@@ -100,6 +101,8 @@ class SweepOutcome:
     def summary(self) -> str:
         text = ", ".join(f"{n} {s}" for s, n in sorted(self.by_status.items())) or "nothing measured"
         text += f"; {self.skipped} done before (skipped)"
+        if self.requeued:
+            text += f"; {self.requeued} requeued after their node left"
         for target, n in sorted(self.not_run.items()):
             text += f"; {n} not run: no GPU for target {target!r}"
         return text
