@@ -197,3 +197,44 @@ def test_a_node_that_leaves_mid_sweep_loses_nothing(cluster, tmp_path):
     assert sorted(r["candidate_key"] for r in after) == sorted(c.key() for c in _candidates(ctx))
     assert {r["status"] for r in after} == {"ok"}  # the lost candidate ran again elsewhere
     assert len({r["worker"] for r in after}) == 5  # the third node's GPU took part before it left
+
+
+def test_ctrl_c_stops_the_actors_and_keeps_finished_rows(cluster, tmp_path):
+    import ray
+
+    path = tmp_path / "i.db"
+    proc = _driver(cluster, path, list(range(100, 110)), options=dict(sleep=0.4))
+    try:
+        _wait_rows(path, 4, proc)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "KeyboardInterrupt" in out
+    rows = _rows(path)
+    assert 4 <= len(rows) < 20 and {r["status"] for r in rows} == {"ok"}
+    with ProfileDB(path) as db:
+        assert db.query("SELECT * FROM claims") == []  # released: a rerun need not wait for leases
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        deadline = time.time() + 30
+        while ray.available_resources().get("GPU", 0) < 4 and time.time() < deadline:
+            time.sleep(0.2)
+        assert ray.available_resources().get("GPU", 0) == 4  # every actor stopped, its GPU free
+    finally:
+        ray.shutdown()
+
+
+def test_the_cli_sweeps_on_the_cluster_and_says_why_it_cannot_measure(cluster, tmp_path):
+    spec = tmp_path / "s.toml"
+    spec.write_text('[sweep]\nbackends = ["reference"]\npresets = ["qwen3-8b-dflash-b16"]\narena = true\n'
+                    'batches = [1]\nctx_lens = [64]\n')
+    cmd = [sys.executable, "-m", "drafter_attn.tuner", "sweep", str(spec), "--db", str(tmp_path / "c.db"),
+           "--no-progress", "--ray", cluster.address]
+    # The real fingerprint needs a CUDA GPU: the actor's worker says so, and the sweep stops (exit 2).
+    run = subprocess.run(cmd + ["--ray-gpus", "1"], capture_output=True, text=True, timeout=180)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert "on Ray cluster 127.0.0.1" in run.stderr and "could not start its worker" in run.stderr
+    run = subprocess.run(cmd + ["--devices", "0"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--devices is for local sweeps" in run.stderr
