@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]', which `make install` does)")
 
-from test_tuner_sweep import _candidates, _rows  # noqa: E402
+from test_tuner_sweep import _candidates, _rows, killed_at_exit, wait_rows  # noqa: E402
 
 from drafter_attn.tuner.db import ProfileDB  # noqa: E402
 
@@ -109,16 +109,6 @@ def _driver(cluster, path, ctx_lens, **kw) -> subprocess.Popen:
                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _wait_rows(path, n: int, proc: subprocess.Popen, timeout_s: float = 90) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if path.exists() and len(_rows(path)) >= n:
-            return
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        time.sleep(0.05)
-    raise AssertionError(f"fewer than {n} rows after {timeout_s} s")
-
-
 def _sm_of_rows(path) -> dict:
     with ProfileDB(path, create=False) as db:
         rows = db.query("SELECT r.ctx_len, r.batch, r.status, r.reason, r.worker, e.sm FROM results r "
@@ -160,14 +150,10 @@ def test_two_sweeps_at_once_measure_each_candidate_once(cluster, tmp_path):
 def test_resume_after_the_driver_is_killed(cluster, tmp_path):
     path = tmp_path / "k.db"
     ctx = list(range(60, 70))
-    proc = _driver(cluster, path, ctx, options=dict(sleep=0.4), lease_s=1.0)
-    try:
-        _wait_rows(path, 4, proc)
+    with killed_at_exit(_driver(cluster, path, ctx, options=dict(sleep=0.4), lease_s=1.0)) as proc:
+        wait_rows(path, 4, proc)
         os.killpg(proc.pid, signal.SIGKILL)  # kill -9: no clean-up of any kind
         proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     before = _rows(path)
     assert 4 <= len(before) < 20
     out = _sweep_in_process(cluster, _candidates(ctx), path)
@@ -181,15 +167,11 @@ def test_a_node_that_leaves_mid_sweep_loses_nothing(cluster, tmp_path):
     path = tmp_path / "n.db"
     third = cluster.start_node(90, gpus=1)
     ctx = list(range(80, 92))  # 24 candidates over 5 GPUs
-    proc = _driver(cluster, path, ctx, options=dict(sleep=0.5))
-    try:
-        _wait_rows(path, 6, proc)
+    with killed_at_exit(_driver(cluster, path, ctx, options=dict(sleep=0.5))) as proc:
+        wait_rows(path, 6, proc)
         before = _rows(path)
         cluster.kill_node(third)  # its actor is measuring a candidate now
         out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 0, out[-3000:]
     assert "1 requeued after their node left" in out  # its in-flight candidate, once
     after = _rows(path)
@@ -203,14 +185,10 @@ def test_ctrl_c_stops_the_actors_and_keeps_finished_rows(cluster, tmp_path):
     import ray
 
     path = tmp_path / "i.db"
-    proc = _driver(cluster, path, list(range(100, 110)), options=dict(sleep=0.4))
-    try:
-        _wait_rows(path, 4, proc)
+    with killed_at_exit(_driver(cluster, path, list(range(100, 110)), options=dict(sleep=0.4))) as proc:
+        wait_rows(path, 4, proc)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert "KeyboardInterrupt" in out
     rows = _rows(path)
     assert 4 <= len(rows) < 20 and {r["status"] for r in rows} == {"ok"}

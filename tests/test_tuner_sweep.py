@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import os
+import contextlib
 import signal
 import subprocess
 import sys
@@ -40,6 +40,28 @@ def _rows(path):
     with ProfileDB(path, create=False) as db:
         return db.query("SELECT uid, candidate_key, ctx_len, batch, status, reason, median_us, worker "
                         "FROM results ORDER BY id")
+
+
+@contextlib.contextmanager
+def killed_at_exit(proc: subprocess.Popen):
+    """`proc`, killed on the way out if it still runs (a test that fails must leave no driver)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def wait_rows(path, n: int, proc: subprocess.Popen, timeout_s: float = 90) -> None:
+    """Wait until the database at `path` holds `n` result rows, while `proc` (its sweep) runs."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if path.exists() and len(_rows(path)) >= n:
+            return
+        assert proc.poll() is None, "the sweep ended before it was stopped"
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {n} rows after {timeout_s} s")
 
 
 def test_faults_and_timeouts_are_recorded_and_the_sweep_goes_on(tmp_path):
@@ -79,19 +101,10 @@ def test_a_killed_sweep_resumes_without_losing_rows(tmp_path):
         run_sweep(_candidates(list(range(30, 42))), {str(path)!r}, devices=[None],
                   options=dict(sleep=0.3), lease_s=1.0, **FAKE)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
-    try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if path.exists() and len(_rows(path)) >= 4:
-                break
-            assert proc.poll() is None, "the sweep ended before it was killed"
-            time.sleep(0.05)
+    with killed_at_exit(subprocess.Popen([sys.executable, "-c", script], start_new_session=True)) as proc:
+        wait_rows(path, 4, proc)
         proc.send_signal(signal.SIGKILL)  # no clean-up of any kind
         proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     before = _rows(path)
     assert 4 <= len(before) < 24
     time.sleep(1.0)  # the orphaned worker must not write anything late

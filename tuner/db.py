@@ -9,6 +9,8 @@ Tables:
                     metric, status and reason, provenance, sweep id and time
   compile_profiles  static compile profiles (registers, spills, shared memory per SM target),
                     which need no GPU
+  claims            candidates that running sweeps are measuring now (created on first use; see
+                    claim_candidate)
 
 Every result is inserted in its own transaction the moment it exists, so a killed sweep loses
 nothing it finished. Writers from several processes are safe (WAL, a long busy timeout).
