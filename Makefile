@@ -11,7 +11,7 @@ PIP := $(VENV)/bin/pip
 install:
 	test -x $(PY) || python3 -m venv --system-site-packages $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install "torch==2.13.0"
-	$(PIP) install -e ".[cu13,cutlass,test]"
+	$(PIP) install -e ".[cu13,cutlass,test,ray]"
 
 # pytest exits 5 when it collected nothing: a failure, said plainly.
 test: install

@@ -52,3 +52,9 @@ def gpu_fingerprint() -> dict:
     import torch
 
     return {**fingerprint(), "gpu_name": torch.cuda.get_device_name(0)}
+
+
+def node_fingerprint() -> dict:
+    """The fake GPU of a Ray node: its SM from $FAKE_SM, which the test sets when it starts the
+    node (the node's processes, and so its actors' workers, inherit it)."""
+    return {**fingerprint(), "sm": int(os.environ.get("FAKE_SM", "0"))}

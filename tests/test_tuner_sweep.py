@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import collections
-import os
+import concurrent.futures
+import contextlib
 import signal
 import subprocess
 import sys
@@ -15,13 +16,14 @@ import pytest
 
 from drafter_attn.tuner.db import ProfileDB
 from drafter_attn.tuner.spec import parse_spec, tomllib
-from drafter_attn.tuner.sweep import SweepError, run_sweep
+from drafter_attn.tuner.sweep import SweepError, run_sweep, serves
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE = dict(measure="sweep_fakes:measure", fingerprint="sweep_fakes:fingerprint", progress=False)
 
 
-def _candidates(ctx_lens, batches=(1, 2)):
+def _candidates(ctx_lens, batches=(1, 2), targets=None):
+    extra = f"targets = {list(targets)}" if targets else ""
     spec = parse_spec(tomllib.loads(textwrap.dedent(f"""
         [sweep]
         backends = ["reference"]
@@ -29,6 +31,7 @@ def _candidates(ctx_lens, batches=(1, 2)):
         arena = true
         batches = {list(batches)}
         ctx_lens = {list(ctx_lens)}
+        {extra}
     """)), "t.toml")
     return spec.candidates()
 
@@ -37,6 +40,28 @@ def _rows(path):
     with ProfileDB(path, create=False) as db:
         return db.query("SELECT uid, candidate_key, ctx_len, batch, status, reason, median_us, worker "
                         "FROM results ORDER BY id")
+
+
+@contextlib.contextmanager
+def killed_at_exit(proc: subprocess.Popen):
+    """`proc`, killed on the way out if it still runs (a test that fails must leave no driver)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def wait_rows(path, n: int, proc: subprocess.Popen, timeout_s: float = 90) -> None:
+    """Wait until the database at `path` holds `n` result rows, while `proc` (its sweep) runs."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if path.exists() and len(_rows(path)) >= n:
+            return
+        assert proc.poll() is None, "the sweep ended before it was stopped"
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {n} rows after {timeout_s} s")
 
 
 def test_faults_and_timeouts_are_recorded_and_the_sweep_goes_on(tmp_path):
@@ -74,26 +99,18 @@ def test_a_killed_sweep_resumes_without_losing_rows(tmp_path):
         from test_tuner_sweep import _candidates, FAKE
         from drafter_attn.tuner.sweep import run_sweep
         run_sweep(_candidates(list(range(30, 42))), {str(path)!r}, devices=[None],
-                  options=dict(sleep=0.3), **FAKE)
+                  options=dict(sleep=0.3), lease_s=1.0, **FAKE)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
-    try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if path.exists() and len(_rows(path)) >= 4:
-                break
-            assert proc.poll() is None, "the sweep ended before it was killed"
-            time.sleep(0.05)
+    with killed_at_exit(subprocess.Popen([sys.executable, "-c", script], start_new_session=True)) as proc:
+        wait_rows(path, 4, proc)
         proc.send_signal(signal.SIGKILL)  # no clean-up of any kind
         proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     before = _rows(path)
     assert 4 <= len(before) < 24
     time.sleep(1.0)  # the orphaned worker must not write anything late
     assert _rows(path) == before
 
+    # The killed sweep's claim on its in-flight candidate expires (1 s lease); this one takes it over.
     cands = _candidates(list(range(30, 42)))
     out = run_sweep(cands, path, devices=[None], **FAKE)
     after = _rows(path)
@@ -120,3 +137,34 @@ def test_progress_bar_runs(tmp_path, capsys):
     assert out.measured == 4
     err = capsys.readouterr().err
     assert "failed_runtime" in err and "bar:" in err
+
+
+def test_two_sweeps_at_once_measure_each_candidate_once(tmp_path):
+    path = tmp_path / "c.db"
+    cands = _candidates(list(range(40, 55)))  # 30 candidates
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(run_sweep, cands, path, devices=[None, None], options=dict(sleep=0.1), **FAKE)
+                for _ in range(2)]
+        outs = [r.result(timeout=120) for r in runs]
+    keys = [r["candidate_key"] for r in _rows(path)]
+    assert sorted(keys) == sorted(c.key() for c in cands)  # every candidate, each exactly once
+    assert all(o.measured > 0 for o in outs)  # both sweeps took work
+    assert sum(o.measured for o in outs) == len(cands)
+    assert sum(o.measured + o.skipped for o in outs) == 2 * len(cands)
+    with ProfileDB(path) as db:
+        assert db.query("SELECT * FROM claims") == []  # every claim released
+
+
+def test_targets_route_by_sm_and_report_what_no_gpu_here_serves(tmp_path, capsys):
+    cands = _candidates([1, 2], targets=["sm0", "sm90"])  # the fake GPU is sm 0
+    assert len(cands) == 8 and {c.target for c in cands} == {"sm0", "sm90"}
+    out = run_sweep(cands, tmp_path / "t.db", devices=[None], **{**FAKE, "progress": True})
+    assert out.by_status == {"ok": 4} and out.not_run == {"sm90": 4}
+    assert "4 not run: no GPU for target 'sm90'" in out.summary()
+    assert "no GPU for target 'sm90'" in capsys.readouterr().err
+
+
+def test_a_target_names_an_sm_or_a_gpu_class():
+    h200 = dict(sm=90, gpu_name="NVIDIA H200")
+    assert serves(None, h200) and serves("sm90", h200) and serves("h200", h200) and serves("H200", h200)
+    assert not serves("sm100", h200) and not serves("B200", h200) and not serves("sm9", h200)

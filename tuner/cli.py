@@ -52,7 +52,7 @@ def _db_path(args):
 
 def cmd_sweep(args) -> int:
     from drafter_attn.tuner.spec import load_spec
-    from drafter_attn.tuner.sweep import run_sweep
+    from drafter_attn.tuner.sweep import SweepError, run_sweep
 
     spec = load_spec(args.spec)
     candidates = spec.candidates()
@@ -61,14 +61,22 @@ def cmd_sweep(args) -> int:
             print(c.label())
         print(f"{len(candidates)} candidates from {spec.source}", file=sys.stderr)
         return 0
-    devices = [d for d in args.devices.split(",") if d] if args.devices else None
     path = _db_path(args)
-    print(f"sweep {spec.name!r}: {len(candidates)} candidates -> {path}", file=sys.stderr)
-    out = run_sweep(candidates, path, timeout_s=spec.timeout_s if args.timeout is None else args.timeout,
-                    options=dict(reps=spec.reps, nsys=spec.nsys), devices=devices,
-                    retry_failed=args.retry_failed, progress=not args.no_progress, name=spec.name)
-    summary = ", ".join(f"{n} {s}" for s, n in sorted(out.by_status.items())) or "nothing measured"
-    print(f"sweep {out.sweep_id}: {summary}; {out.skipped} done before (skipped)", file=sys.stderr)
+    where = "local GPUs" if args.ray is None else f"Ray cluster {args.ray or '(new, local)'}"
+    print(f"sweep {spec.name!r}: {len(candidates)} candidates on {where} -> {path}", file=sys.stderr)
+    common = dict(timeout_s=args.timeout or spec.timeout_s, options=dict(reps=spec.reps, nsys=spec.nsys),
+                  retry_failed=args.retry_failed, progress=not args.no_progress, name=spec.name)
+    if args.ray is not None:
+        from drafter_attn.tuner.ray_sweep import run_ray_sweep
+
+        if args.devices:
+            raise SweepError("--devices is for local sweeps; with --ray every GPU of the cluster is used "
+                             "(--ray-gpus N caps how many)")
+        out = run_ray_sweep(candidates, path, address=args.ray or None, max_gpus=args.ray_gpus, **common)
+    else:
+        devices = [d for d in args.devices.split(",") if d] if args.devices else None
+        out = run_sweep(candidates, path, devices=devices, **common)
+    print(f"sweep {out.sweep_id}: {out.summary()}", file=sys.stderr)
     return 0
 
 
@@ -242,12 +250,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="measure a sweep spec into the profile database",
                        description="Measure every candidate of a sweep spec, each in a worker process "
-                       "(one per visible GPU); results are written as they finish, and a sweep run "
-                       "again skips what is done.", epilog=DB_HELP.format(path=default_path()),
+                       "(one per visible GPU, or per GPU of a Ray cluster with --ray); results are "
+                       "written as they finish, and a sweep run again skips what is done.", epilog=DB_HELP.format(path=default_path()),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", help='a TOML sweep spec, or "default" for the spec shipped with the tuner')
     _add_db(p)
     p.add_argument("--devices", help="CUDA_VISIBLE_DEVICES entries to use, e.g. 0,1 (default: every visible GPU)")
+    p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help="spread the sweep over every GPU of a Ray cluster (one actor per GPU): "
+                   "ADDRESS 'auto' joins the cluster running here, HOST:PORT that one; no ADDRESS "
+                   "starts a local cluster (needs the [ray] extra)")
+    p.add_argument("--ray-gpus", type=positive_int, metavar="N", help="with --ray: use at most N of the cluster's GPUs")
     p.add_argument("--timeout", type=positive_float, help="seconds per candidate (default: the spec's timeout_s)")
     p.add_argument("--retry-failed", action="store_true", help="measure failed candidates again")
     p.add_argument("--dry-run", action="store_true", help="list the candidates and stop")

@@ -9,6 +9,8 @@ Tables:
                     metric, status and reason, provenance, sweep id and time
   compile_profiles  static compile profiles (registers, spills, shared memory per SM target),
                     which need no GPU
+  claims            candidates that running sweeps are measuring now (created on first use; see
+                    claim_candidate)
 
 Every result is inserted in its own transaction the moment it exists, so a killed sweep loses
 nothing it finished. Writers from several processes are safe (WAL, a long busy timeout).
@@ -476,3 +478,89 @@ def _merge_one(out: ProfileDB, src, added: dict) -> None:
                 added[table] += cur.rowcount
     finally:
         c.execute("DETACH DATABASE src")
+
+
+# ---------------------------------------------------------------------------------------------
+# Claims: which sweep is measuring which candidate right now. A sweep claims a candidate in a
+# short write transaction before it measures it, so two sweeps of one spec over one database
+# never measure the same candidate twice. A claim holds for a lease that its sweep renews while
+# it runs; the claim of a killed sweep expires, and a later sweep takes the candidate over.
+# A claim's scope is the candidate's target ("sm90", "H200"; "*" for any GPU), since a candidate
+# for any GPU is measured once whichever environment takes it. The table is created on first
+# use (older databases gain it without a version change: readers of version 1 ignore it).
+
+CLAIMS_DDL = ("CREATE TABLE IF NOT EXISTS claims (\n  scope TEXT NOT NULL,\n  candidate_key TEXT NOT NULL,\n"
+              "  owner TEXT NOT NULL,\n  expires_at REAL NOT NULL,\n  PRIMARY KEY (scope, candidate_key)\n)")
+
+CLAIMED, DONE, BUSY = "claimed", "done", "busy"
+
+
+def _write_transaction(conn: sqlite3.Connection, fn):
+    """fn() inside BEGIN IMMEDIATE ... COMMIT (rolled back on any error); returns fn's value."""
+    def attempt():
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            value = fn()
+            conn.execute("COMMIT")
+            return value
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    return _retry_locked(attempt)
+
+
+def ensure_claims(db: ProfileDB) -> None:
+    _retry_locked(lambda: db.conn.execute(CLAIMS_DDL))
+
+
+def claim_candidate(db: ProfileDB, scope: str, env_id: str, key: str, owner: str, *, lease_s: float,
+                    since: str, statuses=None, serves=lambda env: True) -> str:
+    """Claim candidate `key` of `scope` for `owner`, to measure in environment `env_id`,
+    atomically. Returns DONE when the database holds a row for it in `env_id` (of `statuses`,
+    when given), or a row written at or after `since` in any environment that `serves` (a
+    predicate on its environments row): another sweep measured it meanwhile. Returns BUSY while
+    another owner's claim is unexpired, else CLAIMED."""
+    c = db.conn
+    own_sql = "SELECT 1 FROM results WHERE env_id = ? AND candidate_key = ?"
+    own_args: list = [env_id, key]
+    if statuses:
+        own_sql += f" AND status IN ({', '.join('?' * len(statuses))})"
+        own_args += list(statuses)
+
+    def done() -> bool:
+        if c.execute(own_sql + " LIMIT 1", own_args).fetchone():
+            return True
+        recent = c.execute("SELECT DISTINCT e.* FROM results r JOIN environments e USING (env_id) "
+                           "WHERE r.candidate_key = ? AND r.created_at >= ?", (key, since))
+        return any(serves(dict(env)) for env in recent)
+
+    def attempt() -> str:
+        if done():
+            return DONE
+        t = time.time()
+        held = c.execute("SELECT owner, expires_at FROM claims WHERE scope = ? AND candidate_key = ?",
+                         (scope, key)).fetchone()
+        if held and held[0] != owner and held[1] > t:
+            return BUSY
+        c.execute("INSERT OR REPLACE INTO claims (scope, candidate_key, owner, expires_at) "
+                  "VALUES (?, ?, ?, ?)", (scope, key, owner, t + lease_s))
+        return CLAIMED
+
+    return _write_transaction(c, attempt)
+
+
+def renew_claims(db: ProfileDB, owner: str, lease_s: float) -> None:
+    """The heartbeat: extend every claim `owner` holds by `lease_s` from now."""
+    _retry_locked(lambda: db.conn.execute("UPDATE claims SET expires_at = ? WHERE owner = ?",
+                                          (time.time() + lease_s, owner)))
+
+
+def release_claim(db: ProfileDB, scope: str, key: str, owner: str) -> None:
+    _retry_locked(lambda: db.conn.execute(
+        "DELETE FROM claims WHERE scope = ? AND candidate_key = ? AND owner = ?", (scope, key, owner)))
+
+
+def release_claims(db: ProfileDB, owner: str) -> None:
+    """Drop every claim of `owner` (a sweep that stops, finished or interrupted)."""
+    _retry_locked(lambda: db.conn.execute("DELETE FROM claims WHERE owner = ?", (owner,)))

@@ -14,6 +14,8 @@
     timeout_s = 600                         # per candidate, in its worker
     reps = 0                                # timed replays; 0 = chosen from the step's length
     nsys = false                            # also run Nsight Systems (when on PATH) per candidate
+    targets = ["sm90", "B200"]              # only on these GPUs (SM target or part of the GPU name),
+                                            # each candidate once per target; default: any GPU
 
     [[sweep.geometries]]                    # optional custom geometries
     name = "wide"
@@ -52,7 +54,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 DEFAULT_SPEC = "default"
 SWEEP_KEYS = ("name", "backends", "presets", "geometries", "page_sizes", "arena", "batches",
-              "ctx_lens", "dtypes", "masks", "accepted", "timeout_s", "reps", "nsys")
+              "ctx_lens", "dtypes", "masks", "accepted", "timeout_s", "reps", "nsys", "targets")
 GEOMETRY_KEYS = ("name", "num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window",
                  "num_layers", "dtype")
 PARAM_KEYS = ("variants", "grid")
@@ -71,6 +73,7 @@ class Candidate:
     params: tuple  # sorted (name, value) pairs
     accepted: float | None = None  # mean rows stored per request; None = block size
     preset: str | None = None  # the spec's name of the geometry
+    target: str | None = None  # the GPUs it is for: "sm90", a GPU class ("H200"); None: any
 
     @property
     def params_dict(self) -> dict:
@@ -83,17 +86,18 @@ class Candidate:
         p = self.problem
         layout = f"page{p.page_size}" if p.layout == "paged" else "arena"
         params = ",".join(f"{k}={v}" for k, v in self.params) or "-"
-        return f"{self.preset or 'custom'} {layout} B={p.batch} ctx={p.ctx_len} {self.impl}[{params}]"
+        where = f" @{self.target}" if self.target else ""
+        return f"{self.preset or 'custom'} {layout} B={p.batch} ctx={p.ctx_len} {self.impl}[{params}]{where}"
 
     def to_wire(self) -> dict:
         """Plain data (JSON-able) for a worker process."""
         return dict(problem=self.problem.key(), impl=self.impl, params=self.params_dict,
-                    accepted=self.accepted, preset=self.preset)
+                    accepted=self.accepted, preset=self.preset, target=self.target)
 
     @staticmethod
     def from_wire(d: dict) -> Candidate:
         return Candidate(problem_from_key(d["problem"]), d["impl"], tuple(sorted(d["params"].items())),
-                         d.get("accepted"), d.get("preset"))
+                         d.get("accepted"), d.get("preset"), d.get("target"))
 
 
 def problem_from_key(key: dict) -> Problem:
@@ -119,6 +123,7 @@ class SweepSpec:
     reps: int = 0
     nsys: bool = False
     source: str = "<spec>"
+    targets: list = field(default_factory=lambda: [None])
     _candidates: list | None = field(default=None, repr=False)
 
     def problems(self) -> list[tuple[str, Problem]]:
@@ -140,7 +145,7 @@ class SweepSpec:
             return self._candidates
         from drafter_attn.kernels import registry
 
-        out: dict[str, Candidate] = {}
+        out: dict[tuple, Candidate] = {}
         for preset, problem in self.problems():
             if self.accepted is not None and self.accepted > problem.geometry.block_size:
                 raise SpecError(f"{self.source}: sweep.accepted: {self.accepted} exceeds block_size "
@@ -154,8 +159,10 @@ class SweepSpec:
                         raise SpecError(f"{self.source}: params.{impl}: unknown parameter(s) "
                                         f"{sorted(unknown)}; {impl} tunes {sorted(known) or 'nothing'}")
                     full = {**backend.default_params(problem), **override}
-                    cand = Candidate(problem, impl, tuple(sorted(full.items())), self.accepted, preset)
-                    out.setdefault(cand.key(), cand)
+                    for target in self.targets:
+                        cand = Candidate(problem, impl, tuple(sorted(full.items())), self.accepted,
+                                         preset, target)
+                        out.setdefault((target, cand.key()), cand)
         self._candidates = list(out.values())
         return self._candidates
 
@@ -321,13 +328,15 @@ def parse_spec(data: dict, source: str = "<spec>") -> SweepSpec:
     if not isinstance(nsys, bool):
         _fail(source, "sweep.nsys", f"expected true or false, got {nsys!r}")
 
+    targets = _str_list(source, "sweep.targets", sw["targets"]) if "targets" in sw else [None]
+
     params_table = data.get("params", {})
     _check_keys(source, "params", params_table, backends)
     params = {b: _param_sets(source, b, t) for b, t in params_table.items()}
 
     spec = SweepSpec(name, backends, geometries, page_sizes, arena, batches, ctx_lens, dtypes, masks,
                      params, None if accepted is None else float(accepted), float(timeout_s), reps,
-                     nsys, source)
+                     nsys, source, targets)
     spec.candidates()  # parameter names and accepted are checked against each problem
     return spec
 
