@@ -121,12 +121,12 @@ def device_target(device_sm: int, supported: tuple[int, ...]) -> DeviceTarget:
     """Pure: the exact arch when NVRTC supports `device_sm`, else PTX of the highest supported
     compute capability not above it (plain compute_XX: arch-specific PTX runs on its own SM
     only). Raises UnsupportedArch for a GPU below every usable target."""
-    if device_sm in supported:
-        return DeviceTarget(device_sm, arch_for_sm(device_sm, supported))
     below = [sm for sm in supported if MIN_SM <= sm <= device_sm]
     if not below:
         raise UnsupportedArch(f"SM {device_sm} GPU: the kernels need SM {MIN_SM} or newer, and "
                               f"this NVRTC targets {', '.join(map(str, supported))}")
+    if device_sm in supported:
+        return DeviceTarget(device_sm, arch_for_sm(device_sm, supported))
     return DeviceTarget(device_sm, f"compute_{max(below)}")
 
 
