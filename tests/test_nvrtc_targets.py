@@ -204,6 +204,67 @@ def test_parse_sass_finds_mmas_and_traps():
                                    "sm 107 w drafter_attention: no tensor-core MMA in the SASS"]
 
 
+# -- datasheets and predictions for the new targets -------------------------------------------
+
+
+def test_datasheets_cover_every_target_with_a_public_figure():
+    from drafter_attn.tuner.predict import load_datasheets, target_gpu
+
+    gpus = load_datasheets()
+    # every NVRTC 13.5 target the kernels run on, but SM 88 (no public GPU: said in the file)
+    for sm in (s for s in NVRTC_13_5 if s >= 80 and s != 88):
+        assert target_gpu(gpus, sm).sm == sm
+    assert all(g.source and "nvidia" in g.source.lower() for g in gpus)
+    rubin = target_gpu(gpus, 107)
+    assert rubin.name.startswith("Vera Rubin") and rubin.bandwidth_tbs == 22.0
+
+
+def test_predict_report_show_and_decode_for_sm_107(capsys, monkeypatch, tmp_path):
+    """`tuner predict --sm 107` projects the H200's measured rows onto Vera Rubin; `tuner show`,
+    `bench report` and `bench decode --sm 107` on another GPU all say they are predicted."""
+    from profile_fakes import H200, build_db
+
+    from drafter_attn.bench import cli as bench_cli
+    from drafter_attn.bench import gpu
+
+    db = tmp_path / "p.db"
+    rows = [dict(layout=layout, page=page, batch=8, ctx=ctx, median_us=100.0 + ctx / 100,
+                 bytes_moved=8 * ctx * 20480, attention_median_us=80.0, store_median_us=20.0)
+            for layout, page in (("paged", 128), ("arena", None)) for ctx in (2048, 8192)]
+    build_db(db, {"h": (H200, rows)})
+    assert cli.main(["predict", "--sm", "107", "--db", str(db)]) == 0
+    assert "4 predicted rows written from sm90" in capsys.readouterr().err
+
+    rc, out, _ = _run(capsys, "show", "--sm", "107", "--db", db, "--format", "json")
+    shown = json.loads(out)
+    assert rc == 0 and len(shown) == 4
+    assert {r["provenance"] for r in shown} == {"predicted"}
+    assert {r["gpu_name"] for r in shown} == {"Vera Rubin (Rubin GPU) (predicted from NVIDIA H200)"}
+    for r, src in zip(shown, rows):  # H200's efficiency x Rubin's bandwidth: times 4.8 / 22
+        assert r["median_us"] == pytest.approx(src["median_us"] * 4.8 / 22.0)
+        assert r["reason"].startswith("predicted: roofline projection")
+
+    out_dir = tmp_path / "report"
+    assert bench_cli.main(["report", "--sm", "107", "--db", str(db), "--out", str(out_dir)]) == 0
+    md = (out_dir / "report.md").read_text()
+    assert "0 measured and 4 predicted rows" in md
+    assert "## SM 107, Vera Rubin (Rubin GPU) (predicted from NVIDIA H200)" in md
+
+    capsys.readouterr()
+    monkeypatch.setattr(gpu, "probe", lambda: [gpu.GpuInfo(0, "NVIDIA H200", 90, 132, 141 << 30)])
+    assert bench_cli.main(["decode", "--sm", "107", "--page", "128", "--db", str(db)]) == 2
+    err = capsys.readouterr().err
+    assert "--sm 107 does not match the GPU here" in err and "SM 107 (Vera Rubin (Rubin))" in err
+    assert "predicted rows recorded for SM 107" in err
+    assert "4 for Vera Rubin (Rubin GPU) (predicted from NVIDIA H200)" in err
+    # without predictions, it says how to make them
+    empty = tmp_path / "e.db"
+    build_db(empty, {"h": (H200, rows)})
+    assert bench_cli.main(["decode", "--sm", "107", "--db", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert "tuner predict --sm 107" in err and "predicted rows recorded" not in err
+
+
 # -- on the GPU -------------------------------------------------------------------------------
 
 
