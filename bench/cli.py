@@ -154,7 +154,7 @@ def cmd_measure(args, argv) -> int:
         p = decode.plan("prefill", geometry, label, preset, pages=args.page, batches=args.batch,
                         ctxs=args.ctx, impls=impls, context_chunks=args.chunk, decode=False,
                         baseline="none", reps=args.reps, concurrency=args.concurrency, max_ctx=args.max_ctx)
-    gpu = gpu_mod.require_gpu(args.sm, command)
+    gpu = gpu_mod.require_gpu(args.sm, command, db_path=args.db)
     if torch.cuda.is_available():
         torch.cuda.set_device(gpu.index)
     out = _out_dir(command, decode.results_dir(gpu.sm) if args.out is None else args.out)

@@ -12,10 +12,12 @@ from drafter_attn.bench.options import BenchError
 SM_NAMES = {
     80: "A100 / A30 (Ampere)",
     86: "RTX 30xx / A10 (Ampere)",
+    87: "Jetson AGX Orin (Ampere)",
     89: "L4 / L40 / RTX 40xx (Ada)",
     90: "H100 / H200 / GH200 (Hopper)",
     100: "B200 / GB200 (Blackwell)",
     103: "B300 / GB300 (Blackwell Ultra)",
+    107: "Vera Rubin (Rubin)",
     110: "Jetson Thor",
     120: "RTX 50xx / RTX PRO Blackwell",
     121: "DGX Spark (GB10)",
@@ -73,7 +75,26 @@ def no_gpu_message(command: str) -> str:
     return "\n".join(lines)
 
 
-def mismatch_message(command: str, requested: int, gpus: list[GpuInfo]) -> str:
+def predicted_rows(db_path, sm: int) -> dict[str, int]:
+    """`tuner predict` rows (provenance predicted) recorded for `sm`, counted per projected GPU
+    name; empty when there are none or the database cannot be read (a message aid only)."""
+    import sqlite3
+
+    from drafter_attn.tuner.db import ProfileDB, SchemaError, default_path
+
+    sql = ("SELECT e.gpu_name AS gpu, COUNT(*) AS n FROM results r JOIN environments e USING (env_id) "
+           "WHERE e.sm = ? AND r.provenance = 'predicted' AND r.status = 'ok' GROUP BY e.gpu_name")
+    try:
+        with ProfileDB(db_path or default_path(), create=False) as db:
+            return {r["gpu"]: r["n"] for r in db.query(sql, (sm,))}
+    except (SchemaError, sqlite3.Error, OSError):
+        return {}
+
+
+def mismatch_message(command: str, requested: int, gpus: list[GpuInfo],
+                     predicted: dict[str, int] | None = None) -> str:
+    """What was found and what to do instead; `predicted` (predicted_rows) points at the
+    projections recorded for the SM asked."""
     found = "; ".join(g.describe() for g in gpus)
     here = sorted({g.sm for g in gpus})
     lines = [
@@ -83,15 +104,24 @@ def mismatch_message(command: str, requested: int, gpus: list[GpuInfo]) -> str:
         f"  - measure this GPU: run without --sm, or with --sm {here[0]}"
         + (f" (or {', '.join(map(str, here[1:]))})" if len(here) > 1 else ""),
         f"  - run the same command on a machine with an {_sm_text(requested)} GPU",
-        f"  - see what is recorded for SM {requested}: bench report --sm {requested}",
     ]
-    lines.append(f"    or tuner show --sm {requested}")
+    if predicted:
+        rows = "; ".join(f"{n} for {name}" for name, n in sorted(predicted.items()))
+        lines += [f"  - read the predicted rows recorded for SM {requested} (tuner predict: measured "
+                  f"efficiency x datasheet bandwidth; {rows}):",
+                  f"    bench report --sm {requested}   or   tuner show --sm {requested}"]
+    else:
+        lines += [f"  - see what is recorded for SM {requested}: bench report --sm {requested}",
+                  f"    or tuner show --sm {requested}",
+                  f"  - project it from measured rows: tuner predict --sm {requested}"]
     return "\n".join(lines)
 
 
-def require_gpu(sm: int | None, command: str = "bench decode", gpus: list[GpuInfo] | None = None) -> GpuInfo:
+def require_gpu(sm: int | None, command: str = "bench decode", gpus: list[GpuInfo] | None = None,
+                db_path=None) -> GpuInfo:
     """The device to measure on: the first GPU (or the first whose SM is `sm`). Raises BenchError
-    (exit code 2) with what was found and what to do instead."""
+    (exit code 2) with what was found and what to do instead, pointing at predicted rows for
+    `sm` in the profile database (`db_path`, else the default one) where there are some."""
     gpus = probe() if gpus is None else gpus
     if not gpus:
         raise BenchError(no_gpu_message(command))
@@ -100,4 +130,4 @@ def require_gpu(sm: int | None, command: str = "bench decode", gpus: list[GpuInf
     for g in gpus:
         if g.sm == sm:
             return g
-    raise BenchError(mismatch_message(command, sm, gpus))
+    raise BenchError(mismatch_message(command, sm, gpus, predicted_rows(db_path, sm)))

@@ -179,13 +179,21 @@ def _md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def _provenance_counts(df: pd.DataFrame) -> str:
+    """"54 measured rows", or "3 measured and 54 predicted rows" (tuner predict's projections)."""
+    predicted = int((df["provenance"] == "predicted").sum()) if "provenance" in df else 0
+    measured = len(df) - predicted
+    return (f"{measured} measured and {predicted} predicted rows" if predicted
+            else f"{measured} measured rows")
+
+
 def build(df: pd.DataFrame, out: Path, db_path) -> tuple[Path, list[Path]]:
     """Write the PNGs and report.md under `out`; returns the markdown's path and the PNGs'."""
     out.mkdir(parents=True, exist_ok=True)
     ov = overheads(df)
     slugs: set[str] = set()
     lines = [f"# bench report, {dt.date.today():%Y-%m-%d}", "",
-             f"From `{db_path}`: {len(df)} measured rows (latest per candidate), "
+             f"From `{db_path}`: {_provenance_counts(df)} (latest per candidate), "
              f"{df['env_id'].nunique()} environment(s).",
              "Latency is the whole drafter step (every layer: store + attention), median of CUDA graph "
              "replays; FlashInfer rows are one layer's attention times the layer count. The goal: paged "

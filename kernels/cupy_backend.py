@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from drafter_attn.kernels import contract
-from drafter_attn.kernels.nvrtc import compile_cubin, arch_for_sm
+from drafter_attn.kernels.nvrtc import compile_for_device
 from drafter_attn.kernels.spec import Geometry, Problem
 
 SOURCE = "drafter_attention.cu"
@@ -173,7 +173,8 @@ NVRTC_OPTIONS = ("-maxrregcount=255",)
 
 
 def compile_variant(defines: dict[str, int], sm: int):
-    return compile_cubin(SOURCE, defines, arch_for_sm(sm), extra_options=NVRTC_OPTIONS)
+    """For a GPU of SM `sm`: its exact arch, or PTX the driver JITs where NVRTC lacks it."""
+    return compile_for_device(SOURCE, defines, sm, extra_options=NVRTC_OPTIONS)
 
 
 @functools.cache

@@ -30,7 +30,7 @@ import torch
 import cutlass_library  # the nvidia-cutlass wheel: CuTe headers (import fails without it)
 
 from drafter_attn.kernels import cupy_backend as cb
-from drafter_attn.kernels.nvrtc import arch_for_sm, compile_cubin
+from drafter_attn.kernels.nvrtc import compile_for_device
 from drafter_attn.kernels.spec import Problem
 
 SOURCE = "cute_drafter_attention.cu"
@@ -164,8 +164,9 @@ def defines_smem(defines: dict[str, int]) -> int:
 
 
 def compile_variant(defines: dict[str, int], sm: int):
-    return compile_cubin(SOURCE, defines, arch_for_sm(sm), include_dirs=(include_dir(),),
-                         extra_options=NVRTC_OPTIONS, header_identity=header_identity())
+    """For a GPU of SM `sm`, as cupy_backend.compile_variant."""
+    return compile_for_device(SOURCE, defines, sm, include_dirs=(include_dir(),),
+                              extra_options=NVRTC_OPTIONS, header_identity=header_identity())
 
 
 _load_lock = threading.Lock()

@@ -11,20 +11,35 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 CUDA_SRC_DIR = Path(__file__).parent / "cuda"
 
-# SM targets the suite compiles for; "a" variants unlock arch-specific instructions (wgmma etc).
-SM_ARCH = {90: "sm_90a", 100: "sm_100a", 103: "sm_103a", 120: "sm_120a"}
+# The kernels need SM 80 (bf16 mma.sync, cp.async, ldmatrix); `--sm all` starts here.
+MIN_SM = 80
+# SMs whose arch-specific variant ("sm_XXXa") the kernels need. Only sm_90: the wgmma path
+# (wgmma.mma_async, fence.proxy.async) exists in sm_90a alone, and plain sm_90 turns it into
+# traps. Everywhere else the kernels use the SM 80 instruction set only (mma.sync m16n8k16,
+# cp.async, ldmatrix; no tcgen05/TMEM on 100/103/107/110, nothing 120/121-specific), so they get
+# plain sm_XXX: the same code, and a plain cubin also runs on later minor revisions of its major
+# (an sm_100 cubin on SM 103 and 107), which an "a" cubin never does.
+ARCH_SPECIFIC_SMS = frozenset({90})
+
+log = logging.getLogger(__name__)
 
 
 class CompileError(RuntimeError):
     """NVRTC rejected a source; the message carries the compiler log."""
+
+
+class UnsupportedArch(CompileError):
+    """The installed NVRTC cannot compile for the SM asked (too old, or not an NVIDIA target)."""
 
 
 @dataclass
@@ -50,10 +65,86 @@ class CompileResult:
         return sum(r.spill_store_bytes + r.spill_load_bytes for r in self.resources.values())
 
 
-def arch_for_sm(sm: int) -> str:
-    if sm not in SM_ARCH:
-        raise ValueError(f"sm={sm} is not a compile target; known: {sorted(SM_ARCH)}")
-    return SM_ARCH[sm]
+@functools.cache
+def supported_sms() -> tuple[int, ...]:
+    """The SM targets the installed NVRTC compiles for (nvrtcGetSupportedArchs), ascending."""
+    nvrtc = _nvrtc()
+    if not hasattr(nvrtc, "nvrtcGetSupportedArchs"):  # pragma: no cover - cuda-bindings < 11.2
+        raise UnsupportedArch("this cuda-bindings has no nvrtcGetSupportedArchs: "
+                              "pip install -U 'drafter-attn-suite[cu13]'")
+    err, archs = nvrtc.nvrtcGetSupportedArchs()
+    _check(err, "nvrtcGetSupportedArchs")
+    return tuple(sorted(int(a) for a in archs))
+
+
+def compile_targets(min_sm: int = MIN_SM) -> tuple[int, ...]:
+    """Every supported SM the kernels can run on (`tuner compile --sm all`)."""
+    return tuple(sm for sm in supported_sms() if sm >= min_sm)
+
+
+def _nvrtc_name() -> str:
+    return "NVRTC {}.{}".format(*nvrtc_version())
+
+
+def arch_for_sm(sm: int, supported: tuple[int, ...] | None = None) -> str:
+    """The -arch of an exact target: sm_XXXa where the kernels need it, sm_XXX elsewhere.
+    Raises UnsupportedArch, naming what the installed NVRTC knows, when it cannot build `sm`."""
+    supported = supported_sms() if supported is None else supported
+    if sm not in supported:
+        newer = " (a newer nvidia-cuda-nvrtc wheel may know it: pip install -U nvidia-cuda-nvrtc)" \
+            if sm > max(supported, default=0) else ""
+        raise UnsupportedArch(f"{_nvrtc_name()} cannot compile for SM {sm}; it knows "
+                              f"{', '.join(map(str, supported))}{newer}")
+    return f"sm_{sm}a" if sm in ARCH_SPECIFIC_SMS else f"sm_{sm}"
+
+
+@dataclass(frozen=True)
+class DeviceTarget:
+    """How a GPU of SM `device_sm` gets its code: a cubin for its exact arch, or PTX of a lower
+    compute capability that the driver JIT-compiles at load time."""
+
+    device_sm: int
+    arch: str  # NVRTC -arch: "sm_90a", "sm_107" (cubin) or "compute_121" (PTX)
+
+    @property
+    def ptx(self) -> bool:
+        return self.arch.startswith("compute_")
+
+    def describe(self) -> str:
+        if self.ptx:
+            return (f"SM {self.device_sm} is not a target of this NVRTC: running PTX for "
+                    f"{self.arch}, JIT-compiled by the driver")
+        return f"SM {self.device_sm}: cubins compiled for {self.arch}"
+
+
+def device_target(device_sm: int, supported: tuple[int, ...]) -> DeviceTarget:
+    """Pure: the exact arch when NVRTC supports `device_sm`, else PTX of the highest supported
+    compute capability not above it (plain compute_XX: arch-specific PTX runs on its own SM
+    only). Raises UnsupportedArch for a GPU below every usable target."""
+    below = [sm for sm in supported if MIN_SM <= sm <= device_sm]
+    if not below:
+        raise UnsupportedArch(f"SM {device_sm} GPU: the kernels need SM {MIN_SM} or newer, and "
+                              f"this NVRTC targets {', '.join(map(str, supported))}")
+    if device_sm in supported:
+        return DeviceTarget(device_sm, arch_for_sm(device_sm, supported))
+    return DeviceTarget(device_sm, f"compute_{max(below)}")
+
+
+@functools.cache
+def _announce(target: DeviceTarget) -> None:
+    """Say once per process how a device SM is served; PTX (slower first load) as a warning."""
+    if target.ptx:
+        warnings.warn(target.describe(), RuntimeWarning, stacklevel=3)
+    else:
+        log.info(target.describe())
+
+
+def compile_for_device(source: str, defines: dict[str, int | str], device_sm: int,
+                       **kwargs) -> CompileResult:
+    """Compile `source` for a GPU of SM `device_sm` (see device_target); the route is said once."""
+    target = device_target(device_sm, supported_sms())
+    _announce(target)
+    return compile_cubin(source, defines, target.arch, **kwargs)
 
 
 def cache_dir() -> Path:
@@ -158,7 +249,9 @@ def compile_cubin(
     extra_options: tuple[str, ...] = (),
     header_identity: str = "",
 ) -> CompileResult:
-    """Compile ``kernels/cuda/<source>`` for ``arch`` (e.g. "sm_90a"); cached by content hash."""
+    """Compile ``kernels/cuda/<source>`` for ``arch`` (e.g. "sm_90a"); cached by content hash.
+    A virtual arch ("compute_121") gives PTX (no ptxas, so no resources); `cubin_path` is then
+    the .ptx file, which the driver loads the same way."""
     src_path = CUDA_SRC_DIR / source
     inc = cuda_include_dir()
     options = [
@@ -180,7 +273,8 @@ def compile_cubin(
     )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
     stem = f"{src_path.stem}-{arch}-{key}"
-    cubin_path = cache_dir() / f"{stem}.cubin"
+    ptx = arch.startswith("compute_")
+    cubin_path = cache_dir() / f"{stem}.{'ptx' if ptx else 'cubin'}"
     meta_path = cache_dir() / f"{stem}.json"
     if cubin_path.exists() and meta_path.exists():
         meta = json.loads(meta_path.read_text())
@@ -195,11 +289,13 @@ def compile_cubin(
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(options), [o.encode() for o in options])
         log = _program_log(prog)
         _check(err, f"NVRTC compile of {source} for {arch} with {defines}", log)
-        err, size = nvrtc.nvrtcGetCUBINSize(prog)
-        _check(err, "nvrtcGetCUBINSize")
+        get_size, get = ((nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX) if ptx
+                         else (nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN))
+        err, size = get_size(prog)
+        _check(err, get_size.__name__)
         buf = b" " * size
-        (err,) = nvrtc.nvrtcGetCUBIN(prog, buf)
-        _check(err, "nvrtcGetCUBIN")
+        (err,) = get(prog, buf)
+        _check(err, get.__name__)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     seconds = time.perf_counter() - t0

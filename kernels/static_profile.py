@@ -1,7 +1,8 @@
 """Static compile profile: compile the default kernel variants for several SM targets with NVRTC
-(no GPU needed) and report registers, shared memory and spills per kernel.
+(no GPU needed) and report registers, shared memory, spills and, from the SASS (cuobjdump), the
+tensor-core instructions and trap instructions per kernel.
 
-    python -m drafter_attn.kernels.static_profile --sm 90,100,103
+    python -m drafter_attn.kernels.static_profile --sm 90,100,103   (or --sm all)
 
 The tuner's `tuner compile` prints the same table and stores it in the profile database.
 """
@@ -10,9 +11,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import json
 import os
+import re
+import shutil
+import subprocess
+import sysconfig
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from drafter_attn.kernels.presets import PRESETS
 
@@ -97,6 +105,54 @@ def default_variants(page_sizes=DEFAULT_PAGES) -> list[Variant]:
     return cupy_default_variants(page_sizes) + cutlass_default_variants(page_sizes)
 
 
+@functools.cache
+def cuobjdump_path() -> str | None:
+    """cuobjdump on PATH, else the nvidia-cuda-cuobjdump wheel's (None when neither exists)."""
+    found = shutil.which("cuobjdump")
+    wheel = Path(sysconfig.get_paths()["purelib"]) / "nvidia" / "cu13" / "bin" / "cuobjdump"
+    return found or (str(wheel) if wheel.exists() else None)
+
+
+_SASS_FUNC = re.compile(r"Function : (\S+)")
+_SASS_MMA = re.compile(r"\b(HGMMA|HMMA|UTCHMMA|UTCQMMA)\.")
+
+
+def parse_sass(text: str) -> dict[str, dict]:
+    """Per function of a `cuobjdump -sass` listing: its tensor-core MMA opcodes (sorted, joined
+    by '+', '' when none) and its trap instructions."""
+    out: dict[str, dict] = {}
+    current = None
+    for line in text.splitlines():
+        if m := _SASS_FUNC.search(line):
+            current = out.setdefault(m[1], {"mma": set(), "traps": 0})
+        elif current is not None:
+            current["mma"].update(_SASS_MMA.findall(line))
+            current["traps"] += bool(re.search(r"\bBPT\.TRAP\b|\bTRAP\b", line))
+    return {k: {"mma": "+".join(sorted(v["mma"])), "traps": v["traps"]} for k, v in out.items()}
+
+
+def sass_summary(cubin: str) -> dict[str, dict] | None:
+    """parse_sass of a cubin, kept beside it (cubin names are content hashes); None without
+    cuobjdump."""
+    side = Path(f"{cubin}.sass.json")
+    if side.exists():
+        return json.loads(side.read_text())
+    tool = cuobjdump_path()
+    if tool is None:
+        return None
+    # cuobjdump -sass runs nvdisasm, which the wheels put beside it
+    env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    res = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, env=env,
+                         timeout=300)
+    if res.returncode != 0:
+        raise RuntimeError(f"cuobjdump -sass {cubin} failed: {res.stderr.strip()}")
+    summary = parse_sass(res.stdout)
+    tmp = side.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(summary))
+    os.replace(tmp, side)
+    return summary
+
+
 def _compile_one(args) -> list[dict]:
     from drafter_attn.kernels.nvrtc import arch_for_sm, compile_cubin
 
@@ -104,14 +160,28 @@ def _compile_one(args) -> list[dict]:
     res = compile_cubin(variant.source, dict(variant.defines), arch_for_sm(sm),
                         include_dirs=variant.include_dirs, extra_options=variant.options,
                         header_identity=variant.header_identity)
+    sass = sass_summary(str(res.cubin_path)) or {}
     return [
         dict(sm=sm, arch=res.arch, backend=variant.backend, variant=variant.label, kernel=name,
              registers=r.registers, spill_bytes=r.spill_store_bytes + r.spill_load_bytes,
              stack_bytes=r.stack_bytes, smem_static=r.smem_static_bytes,
              smem_dynamic=variant.dynamic_smem if name.endswith("attention") else 0,
+             mma=sass.get(name, {}).get("mma"), traps=sass.get(name, {}).get("traps"),
              compile_s=round(res.seconds, 2), cached=res.cached, cubin=str(res.cubin_path))
         for name, r in sorted(res.resources.items())
     ]
+
+
+def sass_problems(rows: list[dict]) -> list[str]:
+    """Rows whose SASS is wrong: an attention kernel without tensor-core MMAs, any trap."""
+    out = []
+    for r in rows:
+        where = f"sm {r['sm']} {r['variant']} {r['kernel']}"
+        if r.get("traps"):
+            out.append(f"{where}: {r['traps']} trap instruction(s)")
+        if r["kernel"].endswith("attention") and r.get("mma") == "":
+            out.append(f"{where}: no tensor-core MMA in the SASS")
+    return out
 
 
 def compile_variants(sms=DEFAULT_SMS, variants: list[Variant] | None = None,
@@ -127,37 +197,58 @@ def compile_variants(sms=DEFAULT_SMS, variants: list[Variant] | None = None,
         return [row for rows in pool.map(_compile_one, jobs) for row in rows]
 
 
-def parse_sms(text: str) -> tuple[int, ...]:
+def parse_sms(text: str) -> tuple[int, ...] | str:
+    """`--sm`: "all", or SM numbers like 90,100,103 (checked against NVRTC by resolve_sms)."""
+    if text.strip().lower() == "all":
+        return "all"
     try:
-        return tuple(int(s) for s in text.split(",") if s.strip())
+        sms = tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--sm expects numbers like 90,100,103, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected 'all' or SM numbers like 90,100,107, got {text!r}")
+    if not sms:
+        raise argparse.ArgumentTypeError("expected 'all' or at least one SM number")
+    return sms
+
+
+def resolve_sms(sms: tuple[int, ...] | str) -> tuple[int, ...]:
+    """SM targets to compile: "all" is every NVRTC target the kernels run on (SM 80 up); each
+    SM named must be one (raises nvrtc.UnsupportedArch before anything compiles)."""
+    from drafter_attn.kernels import nvrtc
+
+    if sms == "all":
+        return nvrtc.compile_targets()
+    for sm in sms:
+        nvrtc.arch_for_sm(sm)
+        if sm < nvrtc.MIN_SM:
+            raise nvrtc.UnsupportedArch(f"SM {sm}: the kernels need SM {nvrtc.MIN_SM} or newer "
+                                        f"(bf16 mma.sync, cp.async)")
+    return tuple(sms)
 
 
 def print_table(rows: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="static compile profile (NVRTC, ptxas -v)")
-    for col in ("sm", "variant", "kernel", "registers", "spill_bytes", "smem_dynamic",
-                "compile_s"):
-        table.add_column(col, justify="right" if col not in ("variant", "kernel") else "left")
+    columns = ("sm", "variant", "kernel", "registers", "spill_bytes", "smem_dynamic", "mma",
+               "traps", "compile_s")
+    table = Table(title="static compile profile (NVRTC, ptxas -v, cuobjdump -sass)")
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("variant", "kernel", "mma") else "right")
+    bad = {id(r) for r in rows if r["spill_bytes"] or sass_problems([r])}
     for r in rows:
-        table.add_row(*(str(r[c]) for c in ("sm", "variant", "kernel", "registers",
-                                             "spill_bytes", "smem_dynamic", "compile_s")),
-                      style="red" if r["spill_bytes"] else None)
+        table.add_row(*(str(r.get(c, "")) for c in columns), style="red" if id(r) in bad else None)
     Console().print(table)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m drafter_attn.kernels.static_profile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sm", type=parse_sms, default=DEFAULT_SMS, help="e.g. 90,100,103")
+    ap.add_argument("--sm", type=parse_sms, default=DEFAULT_SMS, help="e.g. 90,100,103, or all")
     ap.add_argument("--workers", type=int, default=None)
     args = ap.parse_args(argv)
-    rows = compile_variants(args.sm, workers=args.workers)
+    rows = compile_variants(resolve_sms(args.sm), workers=args.workers)
     print_table(rows)
-    return 1 if any(r["spill_bytes"] for r in rows) else 0
+    return 1 if any(r["spill_bytes"] for r in rows) or sass_problems(rows) else 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The cutlass backend's CuTe kernels compile with NVRTC on a machine without a GPU (CPU test).
 
 The main preset's default variants (paged 64 and arena) are compiled once per session for sm_90a,
-sm_100a and sm_103a, plus its warpgroup-MMA variants (wgmma=True) for sm_90a (the on-disk cubin
+sm_100 and sm_103, plus its warpgroup-MMA variants (wgmma=True) for sm_90a (the on-disk cubin
 cache makes later runs instant); every kernel must be free of spills, and the SASS (cuobjdump
 -sass) must hold tensor-core MMAs (HMMA, or HGMMA for wgmma), the cp.async and ldmatrix the CuTe
 atoms stand for, and no trap instruction.
@@ -9,7 +9,6 @@ atoms stand for, and no trap instruction.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -38,19 +37,6 @@ def _nvrtc_available() -> str | None:
     return None
 
 
-def _cuobjdump() -> str | None:
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    spec = importlib.util.find_spec("nvidia")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        for sub in ("cu13", "cuda_cuobjdump"):
-            path = Path(root) / sub / "bin" / "cuobjdump"
-            if path.exists():
-                return str(path)
-    return None
-
-
 @pytest.fixture(scope="session")
 def compiled():
     """One row per (SM, variant, kernel) for the main preset's paged-64 and arena variants
@@ -66,10 +52,13 @@ def compiled():
 
 
 def _sass(cubin: str) -> str:
-    tool = _cuobjdump()
+    from drafter_attn.kernels.static_profile import cuobjdump_path
+
+    tool = cuobjdump_path()
     if tool is None:
         pytest.skip("cuobjdump not found (nvidia-cuda-cuobjdump wheel)")
-    res = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, timeout=300)
+    env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    res = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stderr
     return res.stdout
 

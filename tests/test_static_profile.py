@@ -1,20 +1,34 @@
-"""CPU: every default cupy kernel variant compiles with NVRTC for sm_90a, sm_100a and sm_103a
-without spills, and its SASS holds tensor-core instructions and no trap (no GPU needed)."""
+"""CPU: every default cupy kernel variant compiles with NVRTC for every SM target the installed
+NVRTC supports from SM 90 up (sm_90a, sm_100, sm_103, sm_107, sm_110, sm_120, sm_121 with NVRTC
+13.5), without spills, and its SASS holds tensor-core instructions (HGMMA on the sm_90a wgmma
+variants, HMMA elsewhere) and no trap (no GPU needed). Cubins are cached under $DRAFTER_CACHE_DIR."""
 
 from __future__ import annotations
 
 import os
-import re
-import shutil
-import subprocess
-import sysconfig
-from pathlib import Path
 
 import pytest
 
+from drafter_attn.kernels import nvrtc
 from drafter_attn.kernels import static_profile as sp
 
 pytest.importorskip("cuda.bindings.nvrtc")
+
+# The default params were chosen on sm_90a/100/103; ptxas of these targets spills a few bytes in
+# some default variants (4-warp CTAs at the 255-register cap, 9-warp ones at 168). Strict xfail:
+# when per-SM defaults fix them, these marks must go.
+KNOWN_SPILLS = {107: "page16/page64/arena", 110: "page128/arena", 120: "page16/page64/arena",
+                121: "page16/page64/arena"}
+
+
+def _sms() -> tuple[int, ...]:
+    try:
+        return tuple(sm for sm in nvrtc.compile_targets() if sm >= 90)
+    except nvrtc.CompileError:
+        return sp.DEFAULT_SMS
+
+
+SMS = _sms()
 
 
 @pytest.fixture(scope="module")
@@ -22,48 +36,35 @@ def rows(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:  # a private cubin cache, for this module only
         if "DRAFTER_CACHE_DIR" not in os.environ:
             mp.setenv("DRAFTER_CACHE_DIR", str(tmp_path_factory.mktemp("cubins")))
-        yield sp.compile_variants(sp.DEFAULT_SMS, sp.cupy_default_variants(), workers=2)
+        yield sp.compile_variants(SMS, sp.cupy_default_variants(sms=SMS), workers=2)
 
 
 def test_every_default_variant_compiles_for_every_target(rows):
     attn = [r for r in rows if r["kernel"] == "drafter_attention"]
-    assert {r["sm"] for r in attn} == set(sp.DEFAULT_SMS)
+    assert {r["sm"] for r in attn} == set(SMS) >= {90, 100, 103}
     # every preset geometry and layout at least once per target
-    assert len(attn) >= 3 * 4 * 4
+    assert len(attn) >= 3 * 4 * len(SMS)
     assert all(r["registers"] > 0 for r in rows)
+    assert all(r["arch"] == nvrtc.arch_for_sm(r["sm"]) for r in rows)
 
 
-def test_no_default_variant_spills(rows):
-    spilling = [(r["sm"], r["variant"], r["kernel"], r["spill_bytes"]) for r in rows
-                if r["spill_bytes"]]
+@pytest.mark.parametrize("sm", [
+    pytest.param(sm, marks=pytest.mark.xfail(sm in KNOWN_SPILLS, strict=True,
+                                             reason=f"spills: {KNOWN_SPILLS.get(sm)}"))
+    for sm in SMS])
+def test_no_default_variant_spills(rows, sm):
+    spilling = [(r["variant"], r["kernel"], r["spill_bytes"]) for r in rows
+                if r["sm"] == sm and r["spill_bytes"]]
     assert not spilling, spilling
 
 
-def _cuobjdump() -> str | None:
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    wheel = Path(sysconfig.get_paths()["purelib"]) / "nvidia" / "cu13" / "bin" / "cuobjdump"
-    return str(wheel) if wheel.exists() else None
-
-
 def test_sass_uses_tensor_cores_and_never_traps(rows):
-    tool = _cuobjdump()
-    if tool is None:
+    if sp.cuobjdump_path() is None:
         pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
-    env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    seen_hgmma = False
-    for r in rows:
-        if r["kernel"] != "drafter_attention":
-            continue
-        sass = subprocess.run([tool, "-sass", "-fun", "drafter_attention", r["cubin"]],
-                              capture_output=True, text=True, env=env)
-        if sass.returncode != 0 and "nvdisasm" in sass.stderr:
-            pytest.skip("cuobjdump needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
-        assert sass.returncode == 0, sass.stderr
-        assert "TRAP" not in sass.stdout, r["variant"]
-        assert re.search(r"\bH(G)?MMA\b|HGMMA\.|HMMA\.", sass.stdout), r["variant"]
-        if "wgmma=1" in r["variant"]:
-            assert "HGMMA" in sass.stdout, f"wgmma variant without HGMMA: {r['variant']}"
-            seen_hgmma = True
-    assert seen_hgmma, "no sm_90a default variant took the wgmma path"
+    assert sp.sass_problems(rows) == []
+    attn = [r for r in rows if r["kernel"] == "drafter_attention"]
+    for r in attn:
+        want = "HGMMA" if "wgmma=1" in r["variant"] else "HMMA"
+        assert want in r["mma"].split("+"), (r["sm"], r["variant"], r["mma"])
+    assert any("wgmma=1" in r["variant"] for r in attn if r["sm"] == 90), \
+        "no sm_90a default variant took the wgmma path"

@@ -2,7 +2,7 @@
 
     tuner sweep SPEC [--db PATH]          measure a sweep spec (a TOML file, or "default")
     tuner show [filters] [--format F]     the database's results as a table, CSV or JSON
-    tuner compile --sm 90,100,103         static compile profiles (no GPU needed)
+    tuner compile --sm 90,107 | all       static compile profiles (no GPU needed)
     tuner merge DST SRC [SRC ...]         merge databases (e.g. from several machines)
     tuner export --sm 90 --out F.json     tuned table for the runtime (kernels.dispatch)
     tuner diff A.json B.json [--gate]     winner flips and slowdowns between two tables
@@ -193,16 +193,28 @@ def _int_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
 
 
-def cmd_compile(args) -> int:
-    from drafter_attn.kernels import nvrtc, static_profile
+def _compile_fail(message) -> int:
+    print(f"tuner compile: {message}", file=sys.stderr)
+    return 2
+
+
+def _compile_presets(text: str | None):
+    """The presets `--presets` names (None: all); a KeyError names the unknown ones."""
     from drafter_attn.kernels.presets import PRESETS
 
-    presets = None
-    if args.presets:
-        unknown = [p for p in args.presets.split(",") if p not in PRESETS]
-        if unknown:
-            raise SystemExit(f"tuner compile: --presets: unknown preset(s) {unknown}; known: {', '.join(PRESETS)}")
-        presets = {p: PRESETS[p] for p in args.presets.split(",")}
+    if not text:
+        return None
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in names if p not in PRESETS]
+    if unknown or not names:
+        raise KeyError(f"--presets: unknown preset(s) {', '.join(unknown) or repr(text)}; "
+                       f"known: {', '.join(PRESETS)}")
+    return {p: PRESETS[p] for p in names}
+
+
+def _compile_variants(args, presets) -> list:
+    from drafter_attn.kernels import static_profile
+
     variants = []
     if args.backend in ("all", "cupy"):
         variants += static_profile.cupy_default_variants(args.pages, presets, sms=args.sm)
@@ -212,18 +224,47 @@ def cmd_compile(args) -> int:
             print("tuner compile: no cutlass variants (nvidia-cutlass is not installed: "
                   "pip install -e '.[cutlass]')", file=sys.stderr)
         variants += cutlass
-    rows = static_profile.compile_variants(args.sm, variants, workers=args.workers)
+    return variants
+
+
+def static_profile_sms(text: str):
+    from drafter_attn.kernels.static_profile import parse_sms
+
+    return parse_sms(text)
+
+
+def cmd_compile(args) -> int:
+    from drafter_attn.kernels import cupy_backend, nvrtc, static_profile
+
+    bad_pages = [p for p in args.pages if p not in cupy_backend.PAGE_SIZES]
+    if bad_pages:
+        return _compile_fail(f"--pages: {', '.join(map(str, bad_pages))} not a page size the kernels "
+                             f"compile ({', '.join(map(str, cupy_backend.PAGE_SIZES))}; the arena "
+                             f"is always compiled)")
+    if args.workers is not None and args.workers < 1:
+        return _compile_fail(f"--workers: expected a positive number, got {args.workers}")
+    try:
+        presets = _compile_presets(args.presets)
+        args.sm = static_profile.resolve_sms(args.sm)  # needs NVRTC: after the cheap checks
+    except KeyError as exc:
+        return _compile_fail(exc.args[0])
+    except nvrtc.CompileError as exc:  # no cuda-bindings, or an SM this NVRTC cannot build
+        return _compile_fail(exc)
+    rows = static_profile.compile_variants(args.sm, _compile_variants(args, presets),
+                                           workers=args.workers)
     static_profile.print_table(rows)
-    spills = [r for r in rows if r["spill_bytes"]]
     if not args.no_db:
         path = _db_path(args)
         with ProfileDB(path) as db:
             n = db.add_compile_rows(rows, nvrtc.sources_digest(), ".".join(map(str, nvrtc.nvrtc_version())))
         print(f"{n} kernel profiles stored in {path}", file=sys.stderr)
+    spills = [r for r in rows if r["spill_bytes"]]
+    problems = static_profile.sass_problems(rows)
     if spills:
         print(f"tuner compile: {len(spills)} kernel(s) spill registers (red rows)", file=sys.stderr)
-        return 1
-    return 0
+    for line in problems:
+        print(f"tuner compile: {line}", file=sys.stderr)
+    return 1 if spills or problems else 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,7 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "print registers / shared memory / spills, store them in the database; exit 1 "
                        "when a kernel spills.", epilog=DB_HELP.format(path=default_path()),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sm", type=_int_list, default=(90, 100, 103), help="SM targets, e.g. 90,100,103")
+    p.add_argument("--sm", type=static_profile_sms, default=(90, 100, 103),
+                   help="SM targets, e.g. 90,100,107, or all (every NVRTC target from SM 80 up)")
     p.add_argument("--presets", help="only these presets (comma-separated; default: all)")
     p.add_argument("--pages", type=_int_list, default=(16, 64, 128),
                    help="page sizes of the paged variants (default 16,64,128; the arena is always compiled)")

@@ -63,7 +63,7 @@ class GPU:
 
 def _datasheet_text(path) -> tuple[str, str]:
     if path is None:
-        return resources.files("tuner").joinpath("datasheets.toml").read_text(), "tuner/datasheets.toml"
+        return resources.files(__package__).joinpath("datasheets.toml").read_text(), "tuner/datasheets.toml"
     try:
         return Path(path).read_text(), str(path)
     except OSError as exc:
