@@ -206,3 +206,191 @@ def test_drafter_layer_compiles_on_gpu(mode):
     pytest.importorskip("cupy")
     torch._dynamo.reset()
     check_compiled_layer("cuda", mode=mode)
+
+
+# ---------------------------------------------------------------------------------------------
+# engine pools: K and V as strided views of one [blocks, 2, Hkv, page, D] tensor (TensorRT-LLM)
+
+
+def trtllm_pool_case(device, batch=2, max_pages=4, num_pages=12, seed=3):
+    """The paged case with K and V pages as views `pool[:, 0]`, `pool[:, 1]` of one pool."""
+    case = list(paged_case(device, batch, max_pages, num_pages, seed))
+    pool = torch.stack([case[3], case[4]], dim=1)  # [blocks, 2, Hkv, page, D]
+    case[3], case[4] = pool[:, 0], pool[:, 1]
+    return case, pool
+
+
+def test_trtllm_pool_views_are_taken_without_a_copy():
+    case, pool = trtllm_pool_case("cpu")
+    k, v = case[3], case[4]
+    assert not k.is_contiguous() and k.data_ptr() == pool.data_ptr()
+    dense = [t.contiguous() if t.dim() == 4 else t for t in case]
+    torch.testing.assert_close(ops.paged_attention(*case), reference.paged_attention(*dense),
+                               rtol=0, atol=0)
+    num_new = _num_new(case)
+    want = [t.clone() for t in dense]
+    reference.store_paged(*store_args(want, num_new))
+    ops.store_paged(*store_args(case, num_new))  # writes through the views into the pool
+    torch.testing.assert_close(pool[:, 0], want[3], rtol=0, atol=0)
+    torch.testing.assert_close(pool[:, 1], want[4], rtol=0, atol=0)
+    torch.testing.assert_close(case[6], want[6], rtol=0, atol=0)
+
+
+def test_pool_views_that_cannot_be_addressed_are_rejected():
+    case, pool = trtllm_pool_case("cpu")
+    bad = list(case)
+    bad[4] = case[4].contiguous()  # one stride for K and V
+    with pytest.raises(ValueError, match="one page stride"):
+        ops.paged_attention(*bad)
+    padded = torch.zeros(12, HKV, PS, 2 * D, dtype=DT)[..., :D]  # rows not packed
+    bad[3], bad[4] = padded, padded
+    with pytest.raises(ValueError, match="k_pages must be contiguous within each page"):
+        reference.paged_attention(*bad)
+    wide = torch.zeros(12, HKV, PS, D, dtype=DT)
+    bad[3], bad[4] = wide.as_strided(wide.shape, (8, PS * D, D, 1)), wide
+    with pytest.raises(ValueError, match="overlap"):
+        reference.paged_attention(*bad)
+
+
+def test_out_buffer_is_checked():
+    from drafter_attn.kernels import contract
+
+    q = paged_case("cpu")[0]
+    contract.check_out(torch.empty_like(q), q)
+    with pytest.raises(ValueError, match="out has dtype"):
+        contract.check_out(torch.empty_like(q, dtype=torch.float16), q)
+    with pytest.raises(ValueError, match="out has shape"):
+        contract.check_out(q.new_empty(2, QB, HQ, 2 * D)[..., :D].contiguous()[:1], q)
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        contract.check_out(q.new_empty(2, QB, HQ, 2 * D)[..., :D], q)
+
+
+# ---------------------------------------------------------------------------------------------
+# the cupy backend's plans (CPU: planning only, with a stand-in device and module)
+
+
+def _header_fields(path) -> list[str]:
+    """Field names of `struct DrafterParams` in params.cuh, in order."""
+    import re
+
+    body = path.read_text().split("struct DrafterParams {", 1)[1].split("};", 1)[0]
+    names = []
+    for decl in re.sub(r"//[^\n]*", "", body).split(";"):
+        names += [re.findall(r"(\w+)\s*$", part)[0] for part in decl.split(",") if part.strip()]
+    return names
+
+
+def test_host_params_mirror_the_header():
+    from drafter_attn.kernels import cupy_backend as cb
+    from drafter_attn.kernels.nvrtc import CUDA_SRC_DIR
+
+    assert [f[0] for f in cb.DrafterParams._fields_] == _header_fields(CUDA_SRC_DIR / "params.cuh")
+    for src in ("drafter_attention.cu", "cute_drafter_attention.cu"):
+        assert "drafter_attention(const __grid_constant__ DrafterParams p)" in \
+            (CUDA_SRC_DIR / src).read_text()
+
+
+@pytest.fixture
+def planning(monkeypatch):
+    """A cupy backend that plans on the CPU: device 0 is a 132-SM sm_90, modules are stand-ins
+    with the resources of a real variant, and nothing is launched."""
+    import dataclasses
+
+    from drafter_attn.kernels import cupy_backend as cb
+
+    def load(index, items):
+        d = dict(items)
+        return cb.Module(1, 2, 3, smem=60_000, regs=128, threads=d["NUM_WARPS"] * 32)
+
+    family = dataclasses.replace(cb.CUPY, module="test-planning", load_variant=load)
+
+    class Planned(cb.CupyBackend):
+        pass
+
+    Planned.family = family
+    monkeypatch.setattr(cb, "device_info", lambda index: (132, 90))
+    monkeypatch.setattr(cb, "_index", lambda device: 0)
+    monkeypatch.setattr(cb, "_check_kernel_inputs", lambda *a: None)
+    monkeypatch.setattr(cb, "_counters", lambda index, batch: torch.zeros(batch, dtype=torch.int32))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    return cb, Planned()
+
+
+def _plan(cb, backend, case, layout="paged", **kw):
+    from drafter_attn.kernels import contract
+
+    args = (*case, None)
+    extra = (kw.get("mask", "full"), kw.get("window"), kw.get("scale"))
+    key = cb.call_key(layout, args, extra)
+    check = contract.check_paged if layout == "paged" else contract.check_arena
+    return key, backend._plan_attention(key, check(*case, *extra), layout, args)
+
+
+def test_attention_plan_packs_shapes_once(planning):
+    cb, backend = planning
+    case, pool = trtllm_pool_case("cpu", batch=1, max_pages=32, num_pages=40)
+    key, plan = _plan(cb, backend, case, mask="sliding", window=300)
+    assert backend._plans[key] is plan
+    p = plan.attention.args
+    assert (p.qb, p.hq, p.hkv, p.group, p.table_stride) == (QB, HQ, HKV, HQ // HKV, 32)
+    assert (p.capacity, p.mask_mode, p.window) == (32 * PS, 1, 300)
+    assert p.cache_stride == pool.stride(0) == 2 * HKV * PS * D  # the pool's, not a packed page's
+    assert p.scale_log2 == pytest.approx(D**-0.5 * 1.4426950408889634)
+    splits = cb.choose_splits(1, HKV, 300, 64, 132, cb.Module(0, 0, 0, 60_000, 128, 128)
+                              .resident_ctas())
+    assert plan.splits == splits > 1
+    assert plan.attention.grid == (splits, HKV, 1) and plan.attention.block == (128, 1, 1)
+    rows = 1 * HKV * QB * (HQ // HKV)
+    assert (plan.part_elems, plan.lse_elems) == (splits * rows * D, splits * rows)
+    assert plan.combine.grid == (-(-rows // 4), 1, 1) and plan.combine.args.splits == splits
+
+
+def test_arena_plan_and_forced_splits(planning):
+    cb, backend = planning
+    case = arena_case("cpu")
+    _, plan = _plan(cb, backend.with_params(num_splits=1), case, layout="arena")
+    assert plan.splits == 1 and plan.combine is None and plan.part_elems == 0
+    p = plan.attention.args
+    assert (p.table_stride, p.capacity, p.cache_stride) == (1, 40, 40 * HKV * D)
+
+
+def test_plan_keys_follow_shapes_strides_and_checks(planning, monkeypatch):
+    cb, _ = planning
+    case = (*paged_case("cpu"), None)
+    extra = ("full", None, None)
+    assert cb.call_key("paged", case, extra) == cb.call_key("paged", (*paged_case("cpu", seed=5), None), extra)
+    views, _ = trtllm_pool_case("cpu")
+    assert cb.call_key("paged", (*views, None), extra) != cb.call_key("paged", case, extra)
+    longer = (*case[:5], torch.zeros(2, 5, dtype=torch.int32), *case[6:])
+    assert cb.call_key("paged", longer, extra) != cb.call_key("paged", case, extra)
+    transposed = (case[0], case[1], case[2].transpose(1, 2).contiguous().transpose(1, 2), *case[3:])
+    assert cb.call_key("paged", transposed, extra) != cb.call_key("paged", case, extra)
+    monkeypatch.setattr(cb, "CHECKS", False)  # DRAFTER_CHECKS=0: only what the plan depends on
+    assert cb.call_key("paged", transposed, extra) == cb.call_key("paged", case, extra)
+    assert cb.call_key("paged", (*views, None), extra) != cb.call_key("paged", case, extra)
+
+
+def test_store_plan(planning):
+    cb, backend = planning
+    case, pool = trtllm_pool_case("cpu")
+    args = store_args(case, _num_new(case))
+    key = cb.call_key("store_paged", args, None)
+    from drafter_attn.kernels import contract
+
+    plan = backend._plan_store(key, contract.check_store_paged(*args), args, table_stride=4)
+    a = plan.launch.args
+    assert plan.launch.grid == (QB, 2, 1)
+    assert (a.rows, a.hkv, a.table_stride, a.capacity, a.cache_stride) == \
+        (QB, HKV, 4, 4 * PS, pool.stride(0))
+    assert a.counters == plan.launch.counters.data_ptr()
+    assert backend._plans[key] is plan
+
+
+def test_cutlass_family_is_its_own():
+    pytest.importorskip("cutlass_library")
+    from drafter_attn.kernels import cupy_backend as cb
+    from drafter_attn.kernels import cutlass_backend as kb
+
+    assert kb.BACKEND.family is kb.CUTLASS and cb.BACKEND.family is cb.CUPY
+    assert kb.BACKEND.with_params(tile_n=32).family is kb.CUTLASS
+    assert kb.CUTLASS.Params is kb.Params and kb.CUTLASS.supports is kb.supports
