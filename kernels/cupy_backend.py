@@ -282,9 +282,9 @@ class DrafterParams(ctypes.Structure):
     _fields_ = ([(n, ctypes.c_void_p) for n in ("q", "k_blk", "v_blk", "k_cache", "v_cache",
                                                 "table", "ctx_lens", "out", "o_part",
                                                 "lse_part")]
-                + [("cache_stride", ctypes.c_longlong)]
                 + [(n, ctypes.c_int) for n in ("qb", "hq", "hkv", "group", "table_stride",
-                                               "capacity", "mask_mode", "window")]
+                                               "capacity", "mask_mode", "window",
+                                               "loc_stride")]
                 + [("scale_log2", ctypes.c_float)])
 
 
@@ -296,8 +296,8 @@ class CombineArgs(ctypes.Structure):
 class StoreArgs(ctypes.Structure):
     _fields_ = ([(n, ctypes.c_void_p) for n in ("k_new", "v_new", "num_new", "k_cache",
                                                 "v_cache", "table", "ctx_lens", "counters")]
-                + [(n, ctypes.c_int) for n in ("rows", "hkv", "table_stride", "capacity")]
-                + [("cache_stride", ctypes.c_longlong)])
+                + [(n, ctypes.c_int) for n in ("rows", "hkv", "table_stride", "capacity",
+                                               "loc_stride")])
 
 
 class Launch:
@@ -546,7 +546,7 @@ class CupyBackend:
         rows = dims.block_size * dims.group
         lse_elems = splits * dims.batch * dims.num_kv_heads * rows if splits > 1 else 0
         packed = DrafterParams(
-            cache_stride=k_cache.stride(0), qb=dims.block_size, hq=dims.num_q_heads,
+            loc_stride=loc_stride(k_cache, dims.page_size), qb=dims.block_size, hq=dims.num_q_heads,
             hkv=dims.num_kv_heads, group=dims.group,
             table_stride=table.shape[1] if layout == "paged" else 1, capacity=dims.capacity,
             mask_mode=MASK_CODE[dims.mask], window=dims.window or 0,
@@ -584,7 +584,8 @@ class CupyBackend:
             counters = _counters(index, dims.batch)
             packed = StoreArgs(counters=counters.data_ptr(), rows=dims.rows,
                                hkv=dims.num_kv_heads, table_stride=table_stride,
-                               capacity=dims.capacity, cache_stride=k_cache.stride(0))
+                               capacity=dims.capacity,
+                               loc_stride=loc_stride(k_cache, dims.page_size))
             launch = Launch(mod.store, (dims.rows, dims.batch, 1), (128, 1, 1), 0, packed,
                             single=False)
             launch.counters = counters  # the plan owns its counter buffer
@@ -595,13 +596,25 @@ class CupyBackend:
 
 
 def _check_kernel_inputs(ref: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-    """What the kernels need beyond the contract: CUDA tensors, 16-byte aligned K/V rows."""
+    """What the kernels need beyond the contract: CUDA tensors, 16-byte aligned caches."""
     if ref.device.type != "cuda":
         raise ValueError(f"the CUDA kernels need CUDA tensors, got {ref.device}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if (t.data_ptr() | t.stride(0) * t.element_size()) % 16:
-            raise ValueError(f"{name}: pages / slots must start on 16-byte boundaries "
-                             f"(data_ptr {t.data_ptr():#x}, stride {t.stride(0)})")
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name}: data_ptr {t.data_ptr():#x} is not 16-byte aligned")
+
+
+def loc_stride(cache: torch.Tensor, page_size: int | None) -> int:
+    """The cache's page (slot) stride in the kernels' unit (params.cuh, `loc_stride`): head-pages
+    of page_size * D elements for pages [., Hkv, page, D], token rows of Hkv * D for an arena
+    [., max_ctx, Hkv, D]. The contract already checked that each page or slot is packed."""
+    unit = page_size * cache.shape[3] if page_size else cache.shape[2] * cache.shape[3]
+    stride = cache.stride(0) if cache.shape[0] > 1 else cache[0].numel()
+    if stride % unit or stride // unit >= 2**31:
+        what = "page_size * head_dim" if page_size else "num_kv_heads * head_dim"
+        raise ValueError(f"k/v cache stride {stride} must be a multiple of {what} = {unit} "
+                         f"below 2**31 of them (the kernels address pages in that unit)")
+    return stride // unit
 
 
 def _index(device: torch.device) -> int:

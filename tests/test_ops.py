@@ -334,7 +334,8 @@ def test_attention_plan_packs_shapes_once(planning):
     p = plan.attention.args
     assert (p.qb, p.hq, p.hkv, p.group, p.table_stride) == (QB, HQ, HKV, HQ // HKV, 32)
     assert (p.capacity, p.mask_mode, p.window) == (32 * PS, 1, 300)
-    assert p.cache_stride == pool.stride(0) == 2 * HKV * PS * D  # the pool's, not a packed page's
+    assert p.loc_stride * PS * D == pool.stride(0)  # the pool's: 2 * HKV head-pages
+    assert p.loc_stride == 2 * HKV
     assert p.scale_log2 == pytest.approx(D**-0.5 * 1.4426950408889634)
     splits = cb.choose_splits(1, HKV, 300, 64, 132, cb.Module(0, 0, 0, 60_000, 128, 128)
                               .resident_ctas())
@@ -351,7 +352,7 @@ def test_arena_plan_and_forced_splits(planning):
     _, plan = _plan(cb, backend.with_params(num_splits=1), case, layout="arena")
     assert plan.splits == 1 and plan.combine is None and plan.part_elems == 0
     p = plan.attention.args
-    assert (p.table_stride, p.capacity, p.cache_stride) == (1, 40, 40 * HKV * D)
+    assert (p.table_stride, p.capacity, p.loc_stride) == (1, 40, 40)  # max_ctx rows
 
 
 def test_plan_keys_follow_shapes_strides_and_checks(planning, monkeypatch):
@@ -380,8 +381,7 @@ def test_store_plan(planning):
     plan = backend._plan_store(key, contract.check_store_paged(*args), args, table_stride=4)
     a = plan.launch.args
     assert plan.launch.grid == (QB, 2, 1)
-    assert (a.rows, a.hkv, a.table_stride, a.capacity, a.cache_stride) == \
-        (QB, HKV, 4, 4 * PS, pool.stride(0))
+    assert (a.rows, a.hkv, a.table_stride, a.capacity, a.loc_stride) == (QB, HKV, 4, 4 * PS, 2 * HKV)
     assert a.counters == plan.launch.counters.data_ptr()
     assert backend._plans[key] is plan
 
@@ -394,3 +394,15 @@ def test_cutlass_family_is_its_own():
     assert kb.BACKEND.family is kb.CUTLASS and cb.BACKEND.family is cb.CUPY
     assert kb.BACKEND.with_params(tile_n=32).family is kb.CUTLASS
     assert kb.CUTLASS.Params is kb.Params and kb.CUTLASS.supports is kb.supports
+
+
+def test_kernels_reject_strides_off_their_unit(planning):
+    cb, backend = planning
+    case = list(paged_case("cpu"))
+    def padded():  # pages 8 elements further apart than packed ones
+        return torch.randn(12, HKV * PS * D + 8).to(DT)[:, : HKV * PS * D].view(12, HKV, PS, D)
+
+    case[3], case[4] = padded(), padded()
+    assert reference.paged_attention(*case).shape == case[0].shape  # fine for the contract
+    with pytest.raises(ValueError, match="must be a multiple of page_size \\* head_dim"):
+        _plan(cb, backend, tuple(case))

@@ -260,7 +260,7 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
       } else {  // context tile t0 + v
         const int kp = kstart + row;
         valid = kp < P;
-        off = valid ? cache_offset(pg[kPG == 1 ? 0 : it], kvh, hkv, kp, p.cache_stride) + col : 0;
+        off = valid ? cache_offset(pg[kPG == 1 ? 0 : it], kvh, hkv, kp, p.loc_stride) + col : 0;
         baseK = k_cache;
         baseV = v_cache;
       }

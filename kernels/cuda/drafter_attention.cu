@@ -216,7 +216,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS)
         } else {
           const int kp = kstart + row;
           valid = kp < P;
-          off = valid ? cache_offset(pg[page_slot(it)], kvh, hkv, kp, p.cache_stride) + col : 0;
+          off = valid ? cache_offset(pg[page_slot(it)], kvh, hkv, kp, p.loc_stride) + col : 0;
           baseK = k_cache;
           baseV = v_cache;
         }

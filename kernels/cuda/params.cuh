@@ -16,10 +16,12 @@ struct DrafterParams {
   elem_t* out;            // [B, Qb, Hq, D]
   float* o_part;          // [splits, B, Hkv, Qb*G, D] when splits > 1
   float* lse_part;        // [splits, B, Hkv, Qb*G]
-  // Elements from one page (or arena slot) to the next, shared by K and V: a pool such as
-  // [pages, 2, Hkv, PAGE_SIZE, D] hands in K and V as views with twice the packed stride.
-  long long cache_stride;
   int qb, hq, hkv, group, table_stride, capacity, mask_mode, window;
+  // From one page to the next in head-pages (hkv when packed), or one arena slot to the next in
+  // token rows (max_ctx when packed); shared by K and V. A pool [pages, 2, Hkv, PAGE_SIZE, D]
+  // hands K and V in as views with 2 * hkv. In these units the address arithmetic is the packed
+  // layout's (a byte stride costs the 9-warp variants registers, and spills).
+  int loc_stride;
   float scale_log2;
 };
 
