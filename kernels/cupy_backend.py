@@ -14,6 +14,7 @@ differ in other ways are no longer rejected (serving, once inputs are known to b
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -90,16 +91,17 @@ def use_wgmma(params: Params, head_dim: int, warps: int, sm: int) -> bool:
 def default_params(problem: Problem | None = None, **overrides) -> Params:
     """Fast-without-tuning defaults, chosen so no default variant spills on sm_90a/100a/103a:
     above 8 warps (registers are allocated per 4 warps, so 9 warps get the budget of 12) Q moves
-    to shared memory, and pages under 64 tokens take smaller key tiles: the choices below are the
-    ones ptxas compiles without spills on every target (checked by tests/test_static_profile)."""
+    to shared memory and key tiles shrink to 32 keys in 4 stages (16 in 6 for 32-token pages):
+    the choices below are the ones ptxas compiles without spills on every target (checked by
+    tests/test_static_profile). 64-key tiles at 9 warps sat at the 168-register limit and spilled
+    on one target or another with any change of how the kernel takes its parameters; 32-key
+    tiles in 4 stages keep as many keys in flight with registers to spare."""
     base = Params()
     if problem is not None:
         warps = num_warps(problem.geometry.block_size, problem.geometry.group)
         if warps > 8:
             page = problem.page_size if problem.layout == "paged" else None
-            if page is None or page >= 64:
-                base = Params(q_smem=True)
-            elif page == 32:
+            if page == 32:
                 base = Params(tile_n=16, stages=6, q_smem=True)
             else:
                 base = Params(tile_n=32, stages=4, q_smem=True)
@@ -211,12 +213,30 @@ class Module:
 _Module = Module  # the name tests/test_split_model.py builds resource-only modules with
 
 
+@contextlib.contextmanager
+def _relaxed_capture():
+    """Let this thread load modules while a CUDA graph is being captured (torch's allocator
+    does the same around cudaMalloc): a module load is no stream work, but in the default
+    'global' capture mode the driver may refuse it as potentially unsafe."""
+    from cuda.bindings import driver
+
+    err, previous = driver.cuThreadExchangeStreamCaptureMode(
+        driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuThreadExchangeStreamCaptureMode failed: {err!r}")
+    try:
+        yield
+    finally:
+        driver.cuThreadExchangeStreamCaptureMode(previous)
+
+
 def load_cubin(index: int, cubin_path, smem: int, threads: int) -> Module:
-    """Load a compiled variant on device `index` (CuPy loads it; launches go through the driver)."""
+    """Load a compiled variant on device `index` (CuPy loads it; launches go through the driver),
+    also while a CUDA graph is being captured."""
     import cupy
     from cuda.bindings import driver
 
-    with cupy.cuda.Device(index):
+    with cupy.cuda.Device(index), _relaxed_capture():
         mod = cupy.RawModule(path=str(cubin_path))
         attn = mod.get_function("drafter_attention")
         attn.max_dynamic_shared_size_bytes = smem
@@ -310,15 +330,14 @@ class Launch:
         base = ctypes.addressof(args)
         offsets = [0] if single else [getattr(type(args), f[0]).offset for f in args._fields_]
         self._ptrs = (ctypes.c_void_p * len(offsets))(*(base + o for o in offsets))
-        self._address = ctypes.addressof(self._ptrs)
-
         from cuda.bindings import driver
 
         self._launch, self._ok = driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS
+        self._head = (func, *grid, *block, smem)  # cuLaunchKernel's arguments before the stream
+        self._tail = (ctypes.addressof(self._ptrs), 0)
 
     def __call__(self, stream: int) -> None:
-        (err,) = self._launch(self.func, *self.grid, *self.block, self.smem, stream,
-                              self._address, 0)
+        (err,) = self._launch(*self._head, stream, *self._tail)
         if err != self._ok:
             raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
 
@@ -330,9 +349,9 @@ def _stream(index: int) -> int:
 
 def _counters(index: int, batch: int) -> torch.Tensor:
     """Zeroed per-request arrival counters for the store kernel (which leaves them zeroed).
-    Allocated at planning. Planned inside a CUDA-graph capture, the buffer is zeroed by the
-    graph itself (the zero fill is captured before the store, so every replay starts from zero)
-    and kept by that plan only."""
+    Allocated at planning. Planned inside a CUDA-graph capture, the buffer is that graph's own
+    temporary: its zero fill is captured just before the store, so every replay starts from
+    zero (and what the graph later puts in that memory cannot leak into the next replay)."""
     if batch > _COUNTER_SLOTS:
         raise ValueError(f"batch={batch} exceeds {_COUNTER_SLOTS} requests per store call")
     if torch.cuda.is_current_stream_capturing():
@@ -427,10 +446,10 @@ def call_key(kind: str, tensors, extra) -> tuple:
     checks depend on (shapes, strides, dtypes, devices), so a hit is a call already validated;
     with DRAFTER_CHECKS=0 only what the plan itself depends on."""
     if CHECKS:
-        return (kind, extra, *[(t.shape, t.stride(), t.dtype, t.device) if t is not None
-                               else None for t in tensors])
+        return (kind, extra, *[None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+                               for t in tensors])
     q, k_blk, _, k_cache, v_cache, table = tensors[:6]
-    return (kind, extra, q.shape, q.dtype, q.get_device(), k_blk.shape, k_cache.shape,
+    return (kind, extra, q.shape, q.dtype, q.device, k_blk.shape, k_cache.shape,
             k_cache.stride(0), v_cache.stride(0), table.shape)
 
 
@@ -477,40 +496,36 @@ class CupyBackend:
     # contract ------------------------------------------------------------------------------
     def paged_attention(self, q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
                         mask="full", window=None, scale=None, out=None):
-        args = (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, out)
-        key = call_key("paged", args, (mask, window, scale))
-        plan = self._plans.get(key)
-        if plan is None:
-            dims = contract.check_paged(*args[:7], mask, window, scale)
-            plan = self._plan_attention(key, dims, "paged", args)
-        return plan.run(*args)
+        return self._attend("paged", contract.check_paged, (mask, window, scale),
+                            (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, out))
 
     def arena_attention(self, q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *,
                         mask="full", window=None, scale=None, out=None):
-        args = (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, out)
-        key = call_key("arena", args, (mask, window, scale))
-        plan = self._plans.get(key)
-        if plan is None:
-            dims = contract.check_arena(*args[:7], mask, window, scale)
-            plan = self._plan_attention(key, dims, "arena", args)
-        return plan.run(*args)
+        return self._attend("arena", contract.check_arena, (mask, window, scale),
+                            (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, out))
 
     def store_paged(self, k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens):
-        args = (k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens)
-        key = call_key("store_paged", args, None)
-        plan = self._plans.get(key)
-        if plan is None:
-            dims = contract.check_store_paged(*args)
-            plan = self._plan_store(key, dims, args, table_stride=block_table.shape[1])
-        plan.run(*args)
+        self._store("store_paged", contract.check_store_paged,
+                    (k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens))
 
     def store_arena(self, k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens):
-        args = (k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens)
-        key = call_key("store_arena", args, None)
+        self._store("store_arena", contract.check_store_arena,
+                    (k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens))
+
+    def _attend(self, layout, check, extra, args):
+        """A plan hit: one lookup, then the launch. A miss validates (ValueError naming the
+        argument) and plans."""
+        key = call_key(layout, args, extra)
         plan = self._plans.get(key)
         if plan is None:
-            dims = contract.check_store_arena(*args)
-            plan = self._plan_store(key, dims, args, table_stride=1)
+            plan = self._plan_attention(key, check(*args[:7], *extra), layout, args)
+        return plan.run(*args)
+
+    def _store(self, kind, check, args):
+        key = call_key(kind, args, None)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plan_store(key, check(*args), args)
         plan.run(*args)
 
     # planning ------------------------------------------------------------------------------
@@ -565,8 +580,9 @@ class CupyBackend:
         self._plans[key] = plan
         return plan
 
-    def _plan_store(self, key, dims, args, *, table_stride) -> StorePlan:
-        k_new, _, _, k_cache, v_cache, _, _ = args
+    def _plan_store(self, key, dims, args) -> StorePlan:
+        k_new, _, _, k_cache, v_cache, table, _ = args
+        table_stride = table.shape[1] if table.dim() == 2 else 1
         _check_kernel_inputs(k_new, k_cache, v_cache)
         head_dims, page_sizes = self.family.HEAD_DIMS, self.family.PAGE_SIZES
         if dims.head_dim not in head_dims:
@@ -605,15 +621,16 @@ def _check_kernel_inputs(ref: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 
 def loc_stride(cache: torch.Tensor, page_size: int | None) -> int:
-    """The cache's page (slot) stride in the kernels' unit (params.cuh, `loc_stride`): head-pages
-    of page_size * D elements for pages [., Hkv, page, D], token rows of Hkv * D for an arena
-    [., max_ctx, Hkv, D]. The contract already checked that each page or slot is packed."""
-    unit = page_size * cache.shape[3] if page_size else cache.shape[2] * cache.shape[3]
+    """The cache's page (slot) stride in the kernels' unit (params.cuh, `loc_stride`): whole
+    packed pages of Hkv * page * D elements for pages [., Hkv, page, D] (1 when packed, 2 for
+    TensorRT-LLM's K/V pool views), token rows of Hkv * D for an arena [., max_ctx, Hkv, D].
+    The contract already checked that each page or slot is packed."""
+    unit = cache[0].numel() if page_size else cache.shape[2] * cache.shape[3]
     stride = cache.stride(0) if cache.shape[0] > 1 else cache[0].numel()
-    if stride % unit or stride // unit >= 2**31:
-        what = "page_size * head_dim" if page_size else "num_kv_heads * head_dim"
+    if stride % unit or stride // unit * cache.shape[0] >= 2**31:
+        what = "one packed page" if page_size else "num_kv_heads * head_dim"
         raise ValueError(f"k/v cache stride {stride} must be a multiple of {what} = {unit} "
-                         f"below 2**31 of them (the kernels address pages in that unit)")
+                         f"elements, fewer than 2**31 of them in all (the kernels' unit)")
     return stride // unit
 
 

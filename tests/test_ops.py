@@ -334,8 +334,8 @@ def test_attention_plan_packs_shapes_once(planning):
     p = plan.attention.args
     assert (p.qb, p.hq, p.hkv, p.group, p.table_stride) == (QB, HQ, HKV, HQ // HKV, 32)
     assert (p.capacity, p.mask_mode, p.window) == (32 * PS, 1, 300)
-    assert p.loc_stride * PS * D == pool.stride(0)  # the pool's: 2 * HKV head-pages
-    assert p.loc_stride == 2 * HKV
+    assert p.loc_stride * HKV * PS * D == pool.stride(0)  # the pool's: 2 packed pages
+    assert p.loc_stride == 2
     assert p.scale_log2 == pytest.approx(D**-0.5 * 1.4426950408889634)
     splits = cb.choose_splits(1, HKV, 300, 64, 132, cb.Module(0, 0, 0, 60_000, 128, 128)
                               .resident_ctas())
@@ -378,10 +378,10 @@ def test_store_plan(planning):
     key = cb.call_key("store_paged", args, None)
     from drafter_attn.kernels import contract
 
-    plan = backend._plan_store(key, contract.check_store_paged(*args), args, table_stride=4)
+    plan = backend._plan_store(key, contract.check_store_paged(*args), args)
     a = plan.launch.args
     assert plan.launch.grid == (QB, 2, 1)
-    assert (a.rows, a.hkv, a.table_stride, a.capacity, a.loc_stride) == (QB, HKV, 4, 4 * PS, 2 * HKV)
+    assert (a.rows, a.hkv, a.table_stride, a.capacity, a.loc_stride) == (QB, HKV, 4, 4 * PS, 2)
     assert a.counters == plan.launch.counters.data_ptr()
     assert backend._plans[key] is plan
 
@@ -404,5 +404,5 @@ def test_kernels_reject_strides_off_their_unit(planning):
 
     case[3], case[4] = padded(), padded()
     assert reference.paged_attention(*case).shape == case[0].shape  # fine for the contract
-    with pytest.raises(ValueError, match="must be a multiple of page_size \\* head_dim"):
+    with pytest.raises(ValueError, match="must be a multiple of one packed page"):
         _plan(cb, backend, tuple(case))

@@ -18,12 +18,14 @@
 namespace drafter {
 
 // Element offset of row `kp` of KV head `kvh` inside the cache. `loc` is the page id (paged) or
-// the slot id (arena). `loc_stride` is the distance between pages in head-pages of
-// PAGE_SIZE * HEAD_DIM elements (hkv when packed), or between slots in token rows of
-// hkv * HEAD_DIM elements (max_ctx when packed): larger for K and V views of one pool.
+// the slot id (arena). `loc_stride` is the distance between pages in packed pages of
+// hkv * PAGE_SIZE * HEAD_DIM elements (1 when packed, 2 for K and V views of one pool
+// [pages, 2, hkv, PAGE_SIZE, D]), or between arena slots in token rows of hkv * HEAD_DIM elements
+// (max_ctx when packed). In these units the arithmetic is the packed layout's plus one 32-bit
+// multiply (a finer stride costs the 9-warp variants registers, and spills on sm_100a/103a).
 __device__ __forceinline__ long long cache_offset(int loc, int kvh, int hkv, int kp, int loc_stride) {
 #if PAGE_SIZE > 0
-  return ((static_cast<long long>(loc) * loc_stride + kvh) * PAGE_SIZE + (kp & (PAGE_SIZE - 1))) * HEAD_DIM;
+  return ((static_cast<long long>(loc * loc_stride) * hkv + kvh) * PAGE_SIZE + (kp & (PAGE_SIZE - 1))) * HEAD_DIM;
 #else
   return ((static_cast<long long>(loc) * loc_stride + kp) * hkv + kvh) * HEAD_DIM;
 #endif

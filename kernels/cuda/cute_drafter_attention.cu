@@ -151,14 +151,13 @@ __device__ __forceinline__ float& acc(T& t, int c, int h, int n) {
 // CUTE_DRAFTER_LAYOUTS_ONLY: the types above without the kernel (tests/cute_layout_check.cu
 // checks the gather partitions on the host).
 #ifndef CUTE_DRAFTER_LAYOUTS_ONLY
-extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
-    drafter_attention(const __grid_constant__ DrafterParams p) {
-  const elem_t* __restrict__ q_ = p.q;
-  const elem_t* __restrict__ k_blk_ = p.k_blk;
-  const elem_t* __restrict__ v_blk_ = p.v_blk;
-  const elem_t* __restrict__ k_cache_ = p.k_cache;
-  const elem_t* __restrict__ v_cache_ = p.v_cache;
-  DRAFTER_UNPACK_PARAMS(p);
+// The kernel's body takes the fields as parameters: __restrict__ holds for parameters only.
+__device__ __forceinline__ void cute_attention_body(
+    const elem_t* __restrict__ q_, const elem_t* __restrict__ k_blk_, const elem_t* __restrict__ v_blk_,
+    const elem_t* __restrict__ k_cache_, const elem_t* __restrict__ v_cache_,
+    const int* __restrict__ table, const int* __restrict__ ctx_lens, elem_t* __restrict__ out,
+    float* __restrict__ o_part, float* __restrict__ lse_part, int qb, int hq, int hkv, int group,
+    int table_stride, int capacity, int loc_stride, int mask_mode, int window, float scale_log2) {
   using namespace cute_drafter;
   using drafter::cache_offset;
   using drafter::fast_exp2;
@@ -260,7 +259,7 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
       } else {  // context tile t0 + v
         const int kp = kstart + row;
         valid = kp < P;
-        off = valid ? cache_offset(pg[kPG == 1 ? 0 : it], kvh, hkv, kp, p.loc_stride) + col : 0;
+        off = valid ? cache_offset(pg[kPG == 1 ? 0 : it], kvh, hkv, kp, loc_stride) + col : 0;
         baseK = k_cache;
         baseV = v_cache;
       }
@@ -515,5 +514,10 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
       }
     }
   }
+}
+
+extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
+    drafter_attention(const __grid_constant__ DrafterParams p) {
+  cute_attention_body(DRAFTER_PARAMS_ARGS(p));
 }
 #endif  // CUTE_DRAFTER_LAYOUTS_ONLY

@@ -17,22 +17,16 @@ struct DrafterParams {
   float* o_part;          // [splits, B, Hkv, Qb*G, D] when splits > 1
   float* lse_part;        // [splits, B, Hkv, Qb*G]
   int qb, hq, hkv, group, table_stride, capacity, mask_mode, window;
-  // From one page to the next in head-pages (hkv when packed), or one arena slot to the next in
-  // token rows (max_ctx when packed); shared by K and V. A pool [pages, 2, Hkv, PAGE_SIZE, D]
-  // hands K and V in as views with 2 * hkv. In these units the address arithmetic is the packed
-  // layout's (a byte stride costs the 9-warp variants registers, and spills).
+  // From one page to the next in packed pages (1 when packed, 2 for K and V views of a pool
+  // [pages, 2, Hkv, PAGE_SIZE, D]), or one arena slot to the next in token rows (max_ctx when
+  // packed); shared by K and V. See cache_offset in combine_store.cuh.
   int loc_stride;
   float scale_log2;
 };
 
-// The fields both kernel bodies read by their old argument names, as locals.
-#define DRAFTER_UNPACK_PARAMS(p)                                                             \
-  const int* __restrict__ table = (p).table;                                                 \
-  const int* __restrict__ ctx_lens = (p).ctx_lens;                                           \
-  elem_t* __restrict__ out = (p).out;                                                        \
-  float* __restrict__ o_part = (p).o_part;                                                   \
-  float* __restrict__ lse_part = (p).lse_part;                                               \
-  const int qb = (p).qb, hq = (p).hq, hkv = (p).hkv, group = (p).group;                      \
-  const int table_stride = (p).table_stride, capacity = (p).capacity;                        \
-  const int mask_mode = (p).mask_mode, window = (p).window;                                  \
-  const float scale_log2 = (p).scale_log2
+// The fields as the kernel bodies' parameter list (their restrict-qualified parameters let the
+// compiler schedule the loads as before; locals copied from the struct cost registers).
+#define DRAFTER_PARAMS_ARGS(p)                                                                \
+  (p).q, (p).k_blk, (p).v_blk, (p).k_cache, (p).v_cache, (p).table, (p).ctx_lens, (p).out,    \
+      (p).o_part, (p).lse_part, (p).qb, (p).hq, (p).hkv, (p).group, (p).table_stride,         \
+      (p).capacity, (p).loc_stride, (p).mask_mode, (p).window, (p).scale_log2
