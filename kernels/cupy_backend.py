@@ -241,7 +241,8 @@ def load_cubin(index: int, cubin_path, smem: int, threads: int) -> Module:
         attn = mod.get_function("drafter_attention")
         attn.max_dynamic_shared_size_bytes = smem
         regs = attn.num_regs  # from the loaded cubin itself
-        handles = [driver.CUfunction(f.ptr) for f in
+        # RawKernel.kernel is CuPy's loaded Function; its ptr is the driver's CUfunction
+        handles = [driver.CUfunction(f.kernel.ptr) for f in
                    (attn, mod.get_function("drafter_combine"), mod.get_function("drafter_store"))]
     return Module(*handles, smem, regs, threads, owner=mod)
 

@@ -285,6 +285,12 @@ def test_host_params_mirror_the_header():
     from drafter_attn.kernels.nvrtc import CUDA_SRC_DIR
 
     assert [f[0] for f in cb.DrafterParams._fields_] == _header_fields(CUDA_SRC_DIR / "params.cuh")
+    store_src = (CUDA_SRC_DIR / "combine_store.cuh").read_text()
+    for kernel, args in (("drafter_store", cb.StoreArgs), ("drafter_combine", cb.CombineArgs)):
+        params = store_src.split(f"{kernel}(", 1)[1].split(")", 1)[0].split(",")
+        assert len(params) == len(args._fields_), kernel
+        for decl, (name, ctype) in zip(params, args._fields_):
+            assert ("*" in decl) == (ctype is cb.ctypes.c_void_p), (kernel, decl, name)
     for src in ("drafter_attention.cu", "cute_drafter_attention.cu"):
         assert "drafter_attention(const __grid_constant__ DrafterParams p)" in \
             (CUDA_SRC_DIR / src).read_text()
