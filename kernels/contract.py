@@ -137,6 +137,35 @@ def _check_values(t: torch.Tensor) -> bool:
     return os.environ.get("DRAFTER_CHECKS") == "full" and not torch.cuda.is_current_stream_capturing()
 
 
+def _pool_views(k_name: str, k: torch.Tensor, v_name: str, v: torch.Tensor) -> None:
+    """K and V caches: each page (or arena slot) packed, pages any whole number of page sizes
+    apart, the same for K and V. So K and V may be views of one engine pool, as TensorRT-LLM's
+    [blocks, 2, Hkv, page, D] (k = pool[:, 0], v = pool[:, 1]), taken without a copy."""
+    for name, t in ((k_name, k), (v_name, v)):
+        if t.shape[0] == 0:
+            continue
+        if not t[0].is_contiguous():
+            raise ValueError(f"{name} must be contiguous within each page / slot "
+                             f"{tuple(t.shape[1:])} (strides {t.stride()}); only the page "
+                             f"stride may differ")
+        if t.shape[0] > 1 and t.stride(0) < t[0].numel():
+            raise ValueError(f"{name}: pages / slots overlap (stride {t.stride(0)} < "
+                             f"{t[0].numel()} elements of one page)")
+    if k.shape[0] > 1 and k.stride(0) != v.stride(0):
+        raise ValueError(f"{k_name} and {v_name} must have one page stride, got {k.stride(0)} "
+                         f"and {v.stride(0)}")
+
+
+def check_out(out, q: torch.Tensor) -> None:
+    """An `out=` buffer of an attention call: q's shape, dtype and device, contiguous."""
+    _tensors(out=(out, 4))
+    _same_device("q", q, out=out)
+    if out.dtype != q.dtype:
+        raise ValueError(f"out has dtype {out.dtype} but q has {q.dtype}; they must match")
+    _shape("out", out, B=q.shape[0], Qb=q.shape[1], Hq=q.shape[2], D=q.shape[3])
+    _contiguous(out=out)
+
+
 # ---------------------------------------------------------------------------------------------
 # Value checks (CPU tensors only; see the module docstring).
 
@@ -241,7 +270,8 @@ def _check_paged_cache(ref_name, ref, B, Hkv, D, k_pages, v_pages, block_table, 
     _shape("ctx_lens", ctx_lens, B=B)
     if max_pages and not num_pages:
         raise ValueError("k_pages has no pages but block_table has columns")
-    _contiguous(k_pages=k_pages, v_pages=v_pages, block_table=block_table, ctx_lens=ctx_lens)
+    _contiguous(block_table=block_table, ctx_lens=ctx_lens)
+    _pool_views("k_pages", k_pages, "v_pages", v_pages)
     return page_size, max_pages * page_size
 
 
@@ -258,7 +288,8 @@ def _check_arena_cache(ref_name, ref, B, Hkv, D, k_arena, v_arena, slots, ctx_le
     _shape("ctx_lens", ctx_lens, B=B)
     if B and not num_slots:
         raise ValueError("k_arena has no slots")
-    _contiguous(k_arena=k_arena, v_arena=v_arena, slots=slots, ctx_lens=ctx_lens)
+    _contiguous(slots=slots, ctx_lens=ctx_lens)
+    _pool_views("k_arena", k_arena, "v_arena", v_arena)
     return max_ctx
 
 

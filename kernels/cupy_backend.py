@@ -1,22 +1,29 @@
 """The `cupy` backend: hand-written CUDA C++ (kernels/cuda/drafter_attention.cu) compiled with
-NVRTC and launched through CuPy on torch's current stream, on the torch tensors themselves.
+NVRTC, loaded through CuPy and launched with the driver's `cuLaunchKernel` on torch's current
+stream, on the torch tensors themselves.
 
-Host work per call is shape arithmetic only (grid, split count, workspace size): nothing reads a
-device value, so a step runs under ``torch.cuda.set_sync_debug_mode("error")`` and captures into
-a CUDA graph. Data-dependent work (which tiles a request reads, where a split starts) is decided
-on the device from ``ctx_lens``.
+Plan, then run (as FlashInfer splits them): the first call of a shape validates its arguments,
+picks parameters and the split count, loads the variant and packs the kernel arguments (one
+`DrafterParams` struct, kernels/cuda/params.cuh). Every later call of that shape is a dict lookup,
+the pointers and one launch per kernel. Nothing reads a device value, so a step runs under
+``torch.cuda.set_sync_debug_mode("error")`` and captures into a CUDA graph; data-dependent work
+(which tiles a request reads, where a split starts) is decided on the device from ``ctx_lens``.
+`DRAFTER_CHECKS=0` shortens the plan key to what the plan depends on, so calls whose tensors
+differ in other ways are no longer rejected (serving, once inputs are known to be right).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import functools
 import math
-import sys
+import os
 import threading
 from dataclasses import dataclass
+from typing import Callable, ClassVar
 
-import numpy as np
 import torch
 
 from drafter_attn.kernels import contract
@@ -84,16 +91,17 @@ def use_wgmma(params: Params, head_dim: int, warps: int, sm: int) -> bool:
 def default_params(problem: Problem | None = None, **overrides) -> Params:
     """Fast-without-tuning defaults, chosen so no default variant spills on sm_90a/100a/103a:
     above 8 warps (registers are allocated per 4 warps, so 9 warps get the budget of 12) Q moves
-    to shared memory, and pages under 64 tokens take smaller key tiles: the choices below are the
-    ones ptxas compiles without spills on every target (checked by tests/test_static_profile)."""
+    to shared memory and key tiles shrink to 32 keys in 4 stages (16 in 6 for 32-token pages):
+    the choices below are the ones ptxas compiles without spills on every target (checked by
+    tests/test_static_profile). 64-key tiles at 9 warps sat at the 168-register limit and spilled
+    on one target or another with any change of how the kernel takes its parameters; 32-key
+    tiles in 4 stages keep as many keys in flight with registers to spare."""
     base = Params()
     if problem is not None:
         warps = num_warps(problem.geometry.block_size, problem.geometry.group)
         if warps > 8:
             page = problem.page_size if problem.layout == "paged" else None
-            if page is None or page >= 64:
-                base = Params(q_smem=True)
-            elif page == 32:
+            if page == 32:
                 base = Params(tile_n=16, stages=6, q_smem=True)
             else:
                 base = Params(tile_n=32, stages=4, q_smem=True)
@@ -178,40 +186,23 @@ def compile_variant(defines: dict[str, int], sm: int):
 
 
 @functools.cache
-def _device_info(index: int) -> tuple[int, int]:
+def device_info(index: int) -> tuple[int, int]:
+    """(SM count, SM version) of CUDA device `index`."""
     props = torch.cuda.get_device_properties(index)
     return props.multi_processor_count, props.major * 10 + props.minor
 
 
-_load_lock = threading.Lock()
-
-
-@functools.cache
-def _load(index: int, defines_items: tuple) -> "_Module":
-    import cupy
-
-    defines = dict(defines_items)
-    _, sm = _device_info(index)
-    result = compile_variant(defines, sm)
-    with cupy.cuda.Device(index):
-        mod = cupy.RawModule(path=str(result.cubin_path))
-        attn = mod.get_function("drafter_attention")
-        smem = smem_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
-                          defines["NUM_WARPS"] if defines["Q_SMEM"] else 0, defines["WGMMA"])
-        attn.max_dynamic_shared_size_bytes = smem
-        regs = attn.num_regs  # from the loaded cubin itself
-    return _Module(attn, mod.get_function("drafter_combine"), mod.get_function("drafter_store"),
-                   smem, regs, defines["NUM_WARPS"] * 32)
-
-
 @dataclass
-class _Module:
+class Module:
+    """A loaded variant: its three kernels (driver handles) and the attention's resources."""
+
     attention: object
     combine: object
     store: object
     smem: int
     regs: int
     threads: int
+    owner: object = None  # keeps the loaded module alive as long as its handles
 
     def resident_ctas(self) -> int:
         by_smem = SMEM_PER_SM // (self.smem + 1024)
@@ -220,57 +211,165 @@ class _Module:
         return max(1, min(by_smem, by_regs, 32))
 
 
-def _module(device: torch.device, dtype, head_dim, page_size, block_size, group, params) -> _Module:
-    defines = variant_defines(dtype, head_dim, page_size, block_size, group, params,
-                              _device_info(_index(device))[1])
-    with _load_lock:
-        return _load(_index(device), tuple(sorted(defines.items())))
+_Module = Module  # the name tests/test_split_model.py builds resource-only modules with
 
 
-def _ptr(t: torch.Tensor | None) -> np.uint64:
-    return np.uint64(t.data_ptr() if t is not None else 0)
+@contextlib.contextmanager
+def _relaxed_capture():
+    """Let this thread load modules while a CUDA graph is being captured (torch's allocator
+    does the same around cudaMalloc): a module load is no stream work, but in the default
+    'global' capture mode the driver may refuse it as potentially unsafe."""
+    from cuda.bindings import driver
+
+    err, previous = driver.cuThreadExchangeStreamCaptureMode(
+        driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuThreadExchangeStreamCaptureMode failed: {err!r}")
+    try:
+        yield
+    finally:
+        driver.cuThreadExchangeStreamCaptureMode(previous)
 
 
-_streams: dict[int, object] = {}
+def load_cubin(index: int, cubin_path, smem: int, threads: int) -> Module:
+    """Load a compiled variant on device `index` (CuPy loads it; launches go through the driver),
+    also while a CUDA graph is being captured."""
+    import cupy
+    from cuda.bindings import driver
+
+    with cupy.cuda.Device(index), _relaxed_capture():
+        mod = cupy.RawModule(path=str(cubin_path))
+        attn = mod.get_function("drafter_attention")
+        attn.max_dynamic_shared_size_bytes = smem
+        regs = attn.num_regs  # from the loaded cubin itself
+        # RawKernel.kernel is CuPy's loaded Function; its ptr is the driver's CUfunction
+        handles = [driver.CUfunction(f.kernel.ptr) for f in
+                   (attn, mod.get_function("drafter_combine"), mod.get_function("drafter_store"))]
+    return Module(*handles, smem, regs, threads, owner=mod)
 
 
-def _launch(fn, grid, block, args, smem=0):
-    """Launch on torch's current stream (so graph capture and stream order follow torch)."""
-    stream = torch.cuda.current_stream()
-    ext = _streams.get(stream.cuda_stream)
-    if ext is None:
-        import warnings
-
-        import cupy
-
-        with warnings.catch_warnings():  # ExternalStream is deprecated in CuPy 14, still works
-            warnings.simplefilter("ignore", DeprecationWarning)
-            ext = cupy.cuda.ExternalStream(stream.cuda_stream, stream.device_index)
-        _streams[stream.cuda_stream] = ext
-    with ext:
-        fn(grid, block, args, shared_mem=smem)
+def _load(index: int, defines_items: tuple) -> Module:
+    defines = dict(defines_items)
+    result = compile_variant(defines, device_info(index)[1])
+    smem = smem_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
+                      defines["NUM_WARPS"] if defines["Q_SMEM"] else 0, defines["WGMMA"])
+    return load_cubin(index, result.cubin_path, smem, defines["NUM_WARPS"] * 32)
 
 
-_counters: dict[int, torch.Tensor] = {}
+@dataclass(frozen=True)
+class KernelFamily:
+    """One kernel family (a .cu source and its knobs) behind the shared host code: what
+    `CupyBackend` asks of it. kernels.cutlass_backend builds the CuTe one."""
+
+    module: str  # the Python module that defines it (scripts compile variants through it)
+    Params: type
+    default_params: Callable
+    supports: Callable
+    tunables: Callable
+    variant_defines: Callable  # (dtype, head_dim, page, block, group, params, sm) -> defines
+    compile_variant: Callable  # (defines, sm) -> nvrtc.CompileResult
+    load_variant: Callable  # (device index, sorted defines items) -> Module
+    HEAD_DIMS: tuple
+    PAGE_SIZES: tuple
+
+    def module_for(self, index: int, dtype, head_dim, page_size, block_size, group,
+                   params) -> Module:
+        """The loaded variant for a shape (compiled and loaded once per process)."""
+        defines = self.variant_defines(dtype, head_dim, page_size, block_size, group, params,
+                                       device_info(index)[1])
+        key = (self.module, index, tuple(sorted(defines.items())))
+        mod = _loaded.get(key)
+        if mod is None:
+            with _load_lock:
+                mod = _loaded.get(key) or self.load_variant(index, key[2])
+                _loaded[key] = mod
+        return mod
 
 
-def _store_counters(device: torch.device, batch: int) -> torch.Tensor:
-    """Zeroed per-request arrival counters for the store kernel (it leaves them zeroed)."""
-    if batch > _COUNTER_SLOTS:
-        raise ValueError(f"batch={batch} exceeds {_COUNTER_SLOTS} requests per store call")
-    index = _index(device)
-    buf = _counters.get(index)
-    if buf is None:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("run one store eagerly before capturing a CUDA graph "
-                               "(its counter buffer is allocated on first use)")
-        buf = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
-        _counters[index] = buf
-    return buf
+_load_lock = threading.Lock()
+_loaded: dict[tuple, Module] = {}
+
+
+CUPY = KernelFamily(__name__, Params, default_params, supports, tunables, variant_defines,
+                    compile_variant, _load, HEAD_DIMS, PAGE_SIZES)
 
 
 # --------------------------------------------------------------------------------------------
-# the backend
+# launch: argument structs packed once per plan, one driver launch per kernel per call
+
+
+class DrafterParams(ctypes.Structure):
+    """Host mirror of `DrafterParams` in kernels/cuda/params.cuh (same fields, same order)."""
+
+    _fields_ = ([(n, ctypes.c_void_p) for n in ("q", "k_blk", "v_blk", "k_cache", "v_cache",
+                                                "table", "ctx_lens", "out", "o_part",
+                                                "lse_part")]
+                + [(n, ctypes.c_int) for n in ("qb", "hq", "hkv", "group", "table_stride",
+                                               "capacity", "mask_mode", "window",
+                                               "loc_stride")]
+                + [("scale_log2", ctypes.c_float)])
+
+
+class CombineArgs(ctypes.Structure):
+    _fields_ = ([(n, ctypes.c_void_p) for n in ("o_part", "lse_part", "out")]
+                + [(n, ctypes.c_int) for n in ("batch", "qb", "hq", "hkv", "group", "splits")])
+
+
+class StoreArgs(ctypes.Structure):
+    _fields_ = ([(n, ctypes.c_void_p) for n in ("k_new", "v_new", "num_new", "k_cache",
+                                                "v_cache", "table", "ctx_lens", "counters")]
+                + [(n, ctypes.c_int) for n in ("rows", "hkv", "table_stride", "capacity",
+                                               "loc_stride")])
+
+
+class Launch:
+    """One kernel launch with its arguments packed once: `args` (a ctypes struct) is either the
+    kernel's single struct argument or its positional arguments field by field. Per call only
+    pointer fields change, then one `cuLaunchKernel` on the given stream."""
+
+    def __init__(self, func, grid, block, smem, args: ctypes.Structure, single: bool):
+        self.func, self.grid, self.block, self.smem, self.args = func, grid, block, smem, args
+        base = ctypes.addressof(args)
+        offsets = [0] if single else [getattr(type(args), f[0]).offset for f in args._fields_]
+        self._ptrs = (ctypes.c_void_p * len(offsets))(*(base + o for o in offsets))
+        from cuda.bindings import driver
+
+        self._launch, self._ok = driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS
+        self._head = (func, *grid, *block, smem)  # cuLaunchKernel's arguments before the stream
+        self._tail = (ctypes.addressof(self._ptrs), 0)
+
+    def __call__(self, stream: int) -> None:
+        (err,) = self._launch(*self._head, stream, *self._tail)
+        if err != self._ok:
+            raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
+
+
+def _stream(index: int) -> int:
+    """torch's current stream on device `index`, as a raw handle (graph capture follows it)."""
+    return torch._C._cuda_getCurrentRawStream(index)
+
+
+def _counters(index: int, batch: int) -> torch.Tensor:
+    """Zeroed per-request arrival counters for the store kernel (which leaves them zeroed).
+    Allocated at planning. Planned inside a CUDA-graph capture, the buffer is that graph's own
+    temporary: its zero fill is captured just before the store, so every replay starts from
+    zero (and what the graph later puts in that memory cannot leak into the next replay)."""
+    if batch > _COUNTER_SLOTS:
+        raise ValueError(f"batch={batch} exceeds {_COUNTER_SLOTS} requests per store call")
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(batch, dtype=torch.int32, device=f"cuda:{index}")
+    buf = _counter_bufs.get(index)
+    if buf is None:
+        buf = _counter_bufs[index] = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32,
+                                                 device=f"cuda:{index}")
+    return buf
+
+
+_counter_bufs: dict[int, torch.Tensor] = {}
+
+
+# --------------------------------------------------------------------------------------------
+# plans: everything a call needs that its shapes determine
 
 
 def choose_splits(batch: int, hkv: int, kv_tokens: int, tile_n: int, num_sms: int,
@@ -290,32 +389,100 @@ def choose_splits(batch: int, hkv: int, kv_tokens: int, tile_n: int, num_sms: in
     return best
 
 
+@dataclass
+class AttentionPlan:
+    """A planned attention shape: the split count, the workspace size and the launches."""
+
+    index: int
+    splits: int
+    part_elems: int  # float32 elements of o_part (lse_part follows it in one workspace)
+    lse_elems: int
+    attention: Launch
+    combine: Launch | None
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def run(self, q, k_blk, v_blk, k_cache, v_cache, table, ctx_lens, out):
+        if out is None:
+            out = torch.empty_like(q)
+        p = self.attention.args
+        with self.lock:  # the packed arguments are shared by every call of this shape
+            p.q, p.k_blk, p.v_blk = q.data_ptr(), k_blk.data_ptr(), v_blk.data_ptr()
+            p.k_cache, p.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+            p.table, p.ctx_lens, p.out = table.data_ptr(), ctx_lens.data_ptr(), out.data_ptr()
+            stream = _stream(self.index)
+            if self.combine is not None:
+                work = torch.empty(self.part_elems + self.lse_elems, dtype=torch.float32,
+                                   device=q.device)
+                p.o_part = c_part = work.data_ptr()
+                p.lse_part = c_lse = c_part + 4 * self.part_elems
+                c = self.combine.args
+                c.o_part, c.lse_part, c.out = c_part, c_lse, p.out
+            self.attention(stream)
+            if self.combine is not None:
+                self.combine(stream)
+        return out
+
+
+@dataclass
+class StorePlan:
+    index: int
+    launch: Launch | None  # None: no rows or no requests, nothing to write
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def run(self, k_new, v_new, num_new, k_cache, v_cache, table, ctx_lens):
+        if self.launch is None:
+            return
+        a = self.launch.args
+        with self.lock:
+            a.k_new, a.v_new, a.num_new = k_new.data_ptr(), v_new.data_ptr(), num_new.data_ptr()
+            a.k_cache, a.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+            a.table, a.ctx_lens = table.data_ptr(), ctx_lens.data_ptr()
+            self.launch(_stream(self.index))
+
+
+CHECKS = os.environ.get("DRAFTER_CHECKS", "1") != "0"
+
+
+def call_key(kind: str, tensors, extra) -> tuple:
+    """The plan key of a call. With checks on it holds every property the no-device-read contract
+    checks depend on (shapes, strides, dtypes, devices), so a hit is a call already validated;
+    with DRAFTER_CHECKS=0 only what the plan itself depends on."""
+    if CHECKS:
+        return (kind, extra, *[None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+                               for t in tensors])
+    q, k_blk, _, k_cache, v_cache, table = tensors[:6]
+    return (kind, extra, q.shape, q.dtype, q.device, k_blk.shape, k_cache.shape,
+            k_cache.stride(0), v_cache.stride(0), table.shape)
+
+
+# --------------------------------------------------------------------------------------------
+# the backend
+
+
 @dataclass(frozen=True)
 class CupyBackend:
-    """The four contract functions; `overrides` pin tunables (the rest follow default_params)."""
+    """The four contract functions; `overrides` pin tunables (the rest follow default_params).
+    A call looks its plan up by `call_key`; the first call of a shape validates, compiles,
+    loads and packs (`_plan_*`), every later one only sets pointers and launches."""
 
     overrides: tuple = ()
     name: str = "cupy"
-
-    @property
-    def _kernels(self):
-        """The module of this backend's kernel family: Params, default_params, supports,
-        tunables, HEAD_DIMS, PAGE_SIZES and _module (compile + load). kernels.cutlass_backend
-        points it at itself and shares the rest of this class."""
-        return sys.modules[__name__]
+    family: ClassVar[KernelFamily] = CUPY
+    _plans: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
+                                     compare=False)
 
     # registry protocol -------------------------------------------------------------------
-    def params_for(self, problem: Problem) -> Params:
-        return self._kernels.default_params(problem, **dict(self.overrides))
+    def params_for(self, problem: Problem):
+        return self.family.default_params(problem, **dict(self.overrides))
 
     def supports(self, problem: Problem) -> str | None:
-        return self._kernels.supports(problem, self.params_for(problem))
+        return self.family.supports(problem, self.params_for(problem))
 
     def tunables(self, problem: Problem | None = None) -> dict[str, list]:
-        return self._kernels.tunables(problem)
+        return self.family.tunables(problem)
 
     def default_params(self, problem: Problem | None = None) -> dict:
-        return dataclasses.asdict(self._kernels.default_params(problem))
+        return dataclasses.asdict(self.family.default_params(problem))
 
     def with_params(self, **params) -> CupyBackend:
         from drafter_attn.kernels import registry
@@ -326,105 +493,143 @@ class CupyBackend:
 
     # contract ------------------------------------------------------------------------------
     def paged_attention(self, q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
-                        mask="full", window=None, scale=None):
-        dims = contract.check_paged(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens,
-                                    mask, window, scale)
-        return self._attention(dims, "paged", q, k_blk, v_blk, k_pages, v_pages, block_table,
-                               ctx_lens, table_stride=block_table.shape[1], max_ctx=0)
+                        mask="full", window=None, scale=None, out=None):
+        return self._attend("paged", contract.check_paged, (mask, window, scale),
+                            (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, out))
 
     def arena_attention(self, q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *,
-                        mask="full", window=None, scale=None):
-        dims = contract.check_arena(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens,
-                                    mask, window, scale)
-        return self._attention(dims, "arena", q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens,
-                               table_stride=1, max_ctx=k_arena.shape[1])
+                        mask="full", window=None, scale=None, out=None):
+        return self._attend("arena", contract.check_arena, (mask, window, scale),
+                            (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, out))
 
     def store_paged(self, k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens):
-        contract.check_store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens)
-        page_size = k_pages.shape[2]
-        self._store(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens,
-                    page_size=page_size, table_stride=block_table.shape[1],
-                    capacity=block_table.shape[1] * page_size, max_ctx=0)
+        self._store("store_paged", contract.check_store_paged,
+                    (k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens))
 
     def store_arena(self, k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens):
-        contract.check_store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens)
-        max_ctx = k_arena.shape[1]
-        self._store(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens, page_size=None,
-                    table_stride=1, capacity=max_ctx, max_ctx=max_ctx)
+        self._store("store_arena", contract.check_store_arena,
+                    (k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens))
 
-    # internals -----------------------------------------------------------------------------
-    def _params(self, dims, layout: str) -> Params:
+    def _attend(self, layout, check, extra, args):
+        """A plan hit: one lookup, then the launch. A miss validates (ValueError naming the
+        argument) and plans."""
+        key = call_key(layout, args, extra)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plan_attention(key, check(*args[:7], *extra), layout, args)
+        return plan.run(*args)
+
+    def _store(self, kind, check, args):
+        key = call_key(kind, args, None)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plan_store(key, check(*args), args)
+        plan.run(*args)
+
+    # planning ------------------------------------------------------------------------------
+    def _params(self, dims, layout: str):
         problem = _problem(dims, layout)
         params = self.params_for(problem)
-        reason = self._kernels.supports(problem, params)
+        reason = self.family.supports(problem, params)
         if reason:
             raise ValueError(f"the {self.name} backend cannot run this problem: {reason}")
         return params
 
-    def plan_splits(self, dims, params: Params, device: torch.device) -> int:
+    def plan_splits(self, dims, params, device: torch.device) -> int:
         """Split count for a call (host shape arithmetic only, identical on every replay)."""
-        p = params
-        if p.num_splits:
-            return p.num_splits
-        mod = self._kernels._module(device, dims.dtype, dims.head_dim, dims.page_size,
-                                    dims.block_size, dims.group, p)
-        num_sms, _ = _device_info(_index(device))
+        if params.num_splits:
+            return params.num_splits
+        index = _index(device)
+        mod = self.family.module_for(index, dims.dtype, dims.head_dim, dims.page_size,
+                                     dims.block_size, dims.group, params)
         kv_tokens = dims.capacity if dims.mask == "full" else min(dims.capacity, dims.window)
-        return choose_splits(dims.batch, dims.num_kv_heads, kv_tokens, p.tile_n, num_sms,
-                             mod.resident_ctas())
+        return choose_splits(dims.batch, dims.num_kv_heads, kv_tokens, params.tile_n,
+                             device_info(index)[0], mod.resident_ctas())
 
-    def _attention(self, dims, layout, q, k_blk, v_blk, k_cache, v_cache, table, ctx_lens, *,
-                   table_stride, max_ctx):
+    def _plan_attention(self, key, dims, layout, args) -> AttentionPlan:
+        q, _, _, k_cache, v_cache, table, _, out = args
+        _check_kernel_inputs(q, k_cache, v_cache)
+        if out is not None:
+            contract.check_out(out, q)
         p = self._params(dims, layout)
-        mod = self._kernels._module(q.device, q.dtype, dims.head_dim, dims.page_size,
-                                    dims.block_size, dims.group, p)
+        index = _index(q.device)
+        mod = self.family.module_for(index, q.dtype, dims.head_dim, dims.page_size,
+                                     dims.block_size, dims.group, p)
         splits = self.plan_splits(dims, p, q.device)
-        out = torch.empty_like(q)
         rows = dims.block_size * dims.group
-        o_part = lse_part = None
-        if splits > 1:
-            o_part = torch.empty((splits, dims.batch, dims.num_kv_heads, rows, dims.head_dim),
-                                 dtype=torch.float32, device=q.device)
-            lse_part = torch.empty((splits, dims.batch, dims.num_kv_heads, rows),
-                                   dtype=torch.float32, device=q.device)
-        i32 = np.int32
-        args = (_ptr(q), _ptr(k_blk), _ptr(v_blk), _ptr(k_cache), _ptr(v_cache), _ptr(table),
-                _ptr(ctx_lens), _ptr(out), _ptr(o_part), _ptr(lse_part),
-                i32(dims.block_size), i32(dims.num_q_heads), i32(dims.num_kv_heads),
-                i32(dims.group), i32(table_stride), i32(dims.capacity), i32(max_ctx),
-                i32(MASK_CODE[dims.mask]), i32(dims.window or 0),
-                np.float32(dims.scale * math.log2(math.e)))
-        _launch(mod.attention, (splits, dims.num_kv_heads, dims.batch), (mod.threads,), args,
-                mod.smem)
+        lse_elems = splits * dims.batch * dims.num_kv_heads * rows if splits > 1 else 0
+        packed = DrafterParams(
+            loc_stride=loc_stride(k_cache, dims.page_size), qb=dims.block_size, hq=dims.num_q_heads,
+            hkv=dims.num_kv_heads, group=dims.group,
+            table_stride=table.shape[1] if layout == "paged" else 1, capacity=dims.capacity,
+            mask_mode=MASK_CODE[dims.mask], window=dims.window or 0,
+            scale_log2=dims.scale * math.log2(math.e))
+        attention = Launch(mod.attention, (splits, dims.num_kv_heads, dims.batch),
+                           (mod.threads, 1, 1), mod.smem, packed, single=True)
+        combine = None
         if splits > 1:
             total_rows = dims.batch * dims.num_kv_heads * rows
-            _launch(mod.combine, (-(-total_rows // 4),), (128,),
-                    (_ptr(o_part), _ptr(lse_part), _ptr(out), i32(dims.batch),
-                     i32(dims.block_size), i32(dims.num_q_heads), i32(dims.num_kv_heads),
-                     i32(dims.group), i32(splits)))
-        return out
+            combine = Launch(mod.combine, (-(-total_rows // 4), 1, 1), (128, 1, 1), 0,
+                             CombineArgs(batch=dims.batch, qb=dims.block_size,
+                                         hq=dims.num_q_heads, hkv=dims.num_kv_heads,
+                                         group=dims.group, splits=splits), single=False)
+        plan = AttentionPlan(index, splits, lse_elems * dims.head_dim, lse_elems, attention,
+                             combine)
+        self._plans[key] = plan
+        return plan
 
-    def _store(self, k_new, v_new, num_new, k_cache, v_cache, table, ctx_lens, *, page_size,
-               table_stride, capacity, max_ctx):
-        batch, rows, hkv, head_dim = k_new.shape
-        head_dims, page_sizes = self._kernels.HEAD_DIMS, self._kernels.PAGE_SIZES
-        if head_dim not in head_dims:
-            raise ValueError(f"k_new: head_dim {head_dim} not compiled (supported: {head_dims})")
-        if page_size is not None and page_size not in page_sizes:
-            raise ValueError(f"k_pages: page_size {page_size} not supported "
+    def _plan_store(self, key, dims, args) -> StorePlan:
+        k_new, _, _, k_cache, v_cache, table, _ = args
+        table_stride = table.shape[1] if table.dim() == 2 else 1
+        _check_kernel_inputs(k_new, k_cache, v_cache)
+        head_dims, page_sizes = self.family.HEAD_DIMS, self.family.PAGE_SIZES
+        if dims.head_dim not in head_dims:
+            raise ValueError(f"k_new: head_dim {dims.head_dim} not compiled (supported: {head_dims})")
+        if dims.page_size is not None and dims.page_size not in page_sizes:
+            raise ValueError(f"k_pages: page_size {dims.page_size} not supported "
                              f"({page_sizes[0]}..{page_sizes[-1]})")
-        if rows == 0 or batch == 0:
-            return
-        counters = _store_counters(k_new.device, batch)
-        # The store kernel only depends on head_dim and the page size; reuse the attention
-        # module of a minimal geometry so a step loads one module per layout.
-        mod = self._kernels._module(k_new.device, k_new.dtype, head_dim, page_size, 1, 1,
-                                   self._kernels.Params())
-        i32 = np.int32
-        _launch(mod.store, (rows, batch), (128,),
-                (_ptr(k_new), _ptr(v_new), _ptr(num_new), _ptr(k_cache), _ptr(v_cache),
-                 _ptr(table), _ptr(ctx_lens), _ptr(counters), i32(rows), i32(hkv),
-                 i32(table_stride), i32(capacity), i32(max_ctx)))
+        index = _index(k_new.device)
+        launch = None
+        if dims.rows and dims.batch:
+            # The store depends on head_dim and the page size only: the attention module of a
+            # minimal geometry serves, so a step loads one module per layout.
+            mod = self.family.module_for(index, k_new.dtype, dims.head_dim, dims.page_size, 1,
+                                         1, self.family.Params())
+            counters = _counters(index, dims.batch)
+            packed = StoreArgs(counters=counters.data_ptr(), rows=dims.rows,
+                               hkv=dims.num_kv_heads, table_stride=table_stride,
+                               capacity=dims.capacity,
+                               loc_stride=loc_stride(k_cache, dims.page_size))
+            launch = Launch(mod.store, (dims.rows, dims.batch, 1), (128, 1, 1), 0, packed,
+                            single=False)
+            launch.counters = counters  # the plan owns its counter buffer
+        plan = StorePlan(index, launch)
+        if not torch.cuda.is_current_stream_capturing():  # a capture's counters are its own
+            self._plans[key] = plan
+        return plan
+
+
+def _check_kernel_inputs(ref: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """What the kernels need beyond the contract: CUDA tensors, 16-byte aligned caches."""
+    if ref.device.type != "cuda":
+        raise ValueError(f"the CUDA kernels need CUDA tensors, got {ref.device}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name}: data_ptr {t.data_ptr():#x} is not 16-byte aligned")
+
+
+def loc_stride(cache: torch.Tensor, page_size: int | None) -> int:
+    """The cache's page (slot) stride in the kernels' unit (params.cuh, `loc_stride`): whole
+    packed pages of Hkv * page * D elements for pages [., Hkv, page, D] (1 when packed, 2 for
+    TensorRT-LLM's K/V pool views), token rows of Hkv * D for an arena [., max_ctx, Hkv, D].
+    The contract already checked that each page or slot is packed."""
+    unit = cache[0].numel() if page_size else cache.shape[2] * cache.shape[3]
+    stride = cache.stride(0) if cache.shape[0] > 1 else cache[0].numel()
+    if stride % unit or stride // unit * cache.shape[0] >= 2**31:
+        what = "one packed page" if page_size else "num_kv_heads * head_dim"
+        raise ValueError(f"k/v cache stride {stride} must be a multiple of {what} = {unit} "
+                         f"elements, fewer than 2**31 of them in all (the kernels' unit)")
+    return stride // unit
 
 
 def _index(device: torch.device) -> int:

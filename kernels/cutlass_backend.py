@@ -3,10 +3,10 @@
 NVRTC against the CUDA toolkit's own CCCL and launched through CuPy on torch's current stream.
 
 Everything but the kernel family is shared with kernels.cupy_backend: the contract functions,
-split planning, workspaces, launches on torch's stream and the store counters come from
-`CupyBackend`; this module supplies the names `CupyBackend._kernels` asks for (Params,
-default_params, supports, tunables, HEAD_DIMS, PAGE_SIZES, _module). The kernels take the same
-arguments and defines as the cupy ones; the split-KV combine and the context store are the same
+plans, split planning, workspaces, launches on torch's stream and the store counters come from
+`CupyBackend`; this module supplies its `KernelFamily` (`CUTLASS`: Params, defaults, supports,
+tunables, compile and load). The kernels take the same `DrafterParams` and defines as the cupy
+ones; the split-KV combine and the context store are the same
 code (kernels/cuda/combine_store.cuh) compiled into the CuTe module.
 
 What it covers against cupy: the same problems (bf16/fp16, head_dim 64 and 128, Qb*G up to 256
@@ -21,9 +21,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import sys
-import threading
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -169,33 +168,14 @@ def compile_variant(defines: dict[str, int], sm: int):
                               extra_options=NVRTC_OPTIONS, header_identity=header_identity())
 
 
-_load_lock = threading.Lock()
-
-
-@functools.cache
-def _load(index: int, defines_items: tuple) -> cb._Module:
-    import cupy
-
+def _load(index: int, defines_items: tuple) -> cb.Module:
     defines = dict(defines_items)
-    _, sm = cb._device_info(index)
-    result = compile_variant(defines, sm)
-    with cupy.cuda.Device(index):
-        mod = cupy.RawModule(path=str(result.cubin_path))
-        attn = mod.get_function("drafter_attention")
-        smem = defines_smem(defines)
-        attn.max_dynamic_shared_size_bytes = smem
-        regs = attn.num_regs  # from the loaded cubin itself
-    return cb._Module(attn, mod.get_function("drafter_combine"),
-                      mod.get_function("drafter_store"), smem, regs, defines["NUM_WARPS"] * 32)
+    result = compile_variant(defines, cb.device_info(index)[1])
+    return cb.load_cubin(index, result.cubin_path, defines_smem(defines), defines["NUM_WARPS"] * 32)
 
 
-def _module(device: torch.device, dtype, head_dim, page_size, block_size, group,
-            params: Params) -> cb._Module:
-    index = cb._index(device)
-    defines = variant_defines(dtype, head_dim, page_size, block_size, group, params,
-                              cb._device_info(index)[1])
-    with _load_lock:
-        return _load(index, tuple(sorted(defines.items())))
+CUTLASS = cb.KernelFamily(__name__, Params, default_params, supports, tunables, variant_defines,
+                          compile_variant, _load, HEAD_DIMS, PAGE_SIZES)
 
 
 # --------------------------------------------------------------------------------------------
@@ -207,10 +187,7 @@ class CutlassBackend(cb.CupyBackend):
     """The four contract functions on the CuTe kernels; `overrides` pin tunables."""
 
     name: str = "cutlass"
-
-    @property
-    def _kernels(self):
-        return sys.modules[__name__]
+    family: ClassVar[cb.KernelFamily] = CUTLASS
 
 
 BACKEND = CutlassBackend()

@@ -31,17 +31,17 @@ def _job(backend, problem, sm):
     """The (module, defines, sm) of `problem`'s attention kernel, or None if unsupported."""
     if backend.supports(problem):
         return None
-    kern, geom = backend._kernels, problem.geometry
+    kern, geom = backend.family, problem.geometry
     d = kern.variant_defines(geom.dtype, geom.head_dim, problem.page_size, geom.block_size,
                              geom.group, backend.params_for(problem), sm)
-    return kern.__name__, tuple(sorted(d.items())), sm
+    return kern.module, tuple(sorted(d.items())), sm
 
 
 def matrix_jobs(specs, sm):
     out = set()
     for spec in specs:
         backend = registry.from_spec(spec)
-        kern = backend._kernels
+        kern = backend.family
         for case in matrix._cases():
             geom, page, lens, _ = case.values
             for layout, ps in (("paged", page), ("arena", None)):
@@ -50,7 +50,7 @@ def matrix_jobs(specs, sm):
             for ps in (*kern.PAGE_SIZES, None):
                 for hd in kern.HEAD_DIMS:
                     d = kern.variant_defines(dtype, hd, ps, 1, 1, kern.Params(), sm)
-                    out.add((kern.__name__, tuple(sorted(d.items())), sm))
+                    out.add((kern.module, tuple(sorted(d.items())), sm))
     return out
 
 

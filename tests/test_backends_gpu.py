@@ -206,3 +206,122 @@ def test_graph_replay_and_no_host_sync(backend, layout):
     assert torch.equal(static_out, eager)
     for got, want in zip(cache, eager_cache):
         assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------------------------------------
+# engine pools, out=, capture from the first call, DRAFTER_CHECKS=0 (issue 13)
+
+
+def _fresh(spec: str):
+    """The backend of `spec` with no plans yet (plans are per backend object)."""
+    import dataclasses
+
+    return dataclasses.replace(_backend(spec))
+
+
+def _pool_views(k_pages, v_pages):
+    """K and V pages as views of one TensorRT-LLM pool [blocks, 2, Hkv, page, D]."""
+    pool = torch.stack([k_pages, v_pages], dim=1)
+    return pool, pool[:, 0], pool[:, 1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page", [16, 64])
+def test_trtllm_pool_views(backend, page):
+    """Attention and store over K/V views of one pool, against the reference on packed copies;
+    the store writes through the views into the pool."""
+    impl = _fresh(backend)
+    geom = PRESETS["qwen3-8b-dflash-b16"]
+    gen = torch.Generator().manual_seed(page)
+    lens = [3, 700, 2049]
+    q, kb, vb = _block_inputs(geom, len(lens), gen)
+    k_pages, v_pages, table, ctx = random_paged_context(geom, lens, page, "cuda", gen,
+                                                        extra_pages=2)
+    pool, k_view, v_view = _pool_views(k_pages, v_pages)
+    assert k_view.data_ptr() == pool.data_ptr() and not k_view.is_contiguous()
+    ref = reference.paged_attention(q, kb, vb, k_pages, v_pages, table, ctx)
+    _poison_allocator(q)
+    _assert_close(impl.paged_attention(q, kb, vb, k_view, v_view, table, ctx), ref, geom.dtype)
+    k_new, v_new, num_new = _store_inputs(geom, lens, geom.block_size, gen)
+    ref_cache = [k_pages.clone(), v_pages.clone(), table, ctx.clone()]
+    reference.store_paged(k_new, v_new, num_new, *ref_cache)
+    impl.store_paged(k_new, v_new, num_new, k_view, v_view, table, ctx)
+    assert torch.equal(pool[:, 0], ref_cache[0]) and torch.equal(pool[:, 1], ref_cache[1])
+    assert torch.equal(ctx, ref_cache[3])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", ["paged", "arena"])
+def test_out_buffer_is_written_and_returned(backend, layout):
+    impl = _fresh(backend)
+    geom = PRESETS["laguna-dflash"]
+    gen = torch.Generator().manual_seed(11)
+    lens = [100, 2049]
+    q, kb, vb = _block_inputs(geom, len(lens), gen)
+    if layout == "paged":
+        cache = random_paged_context(geom, lens, 64, "cuda", gen)
+        fn, ref_fn = impl.paged_attention, reference.paged_attention
+    else:
+        cache = random_arena_context(geom, lens, 2100, "cuda", gen)
+        fn, ref_fn = impl.arena_attention, reference.arena_attention
+    kw = dict(mask=geom.mask, window=geom.window)
+    out = torch.full_like(q, float("nan"))
+    assert fn(q, kb, vb, *cache, **kw, out=out) is out
+    _assert_close(out, ref_fn(q, kb, vb, *cache, **kw), geom.dtype)
+    with pytest.raises(ValueError, match="out has dtype"):
+        fn(q, kb, vb, *cache, **kw, out=out.float())
+
+
+@pytest.mark.parametrize("backend", ["cupy", "cutlass"])
+def test_store_and_attention_capture_from_their_first_call(backend, monkeypatch):
+    """No eager call before capture: plans, module loads and the store's counters all happen
+    inside the capture, and every replay (and an eager call afterwards) is right."""
+    from drafter_attn.kernels import cupy_backend as cb
+
+    monkeypatch.setattr(cb, "_loaded", {})  # load the modules again, during capture
+    monkeypatch.setattr(cb, "_counter_bufs", {})
+    impl = _fresh(backend)
+    geom = PRESETS["gpt-oss-20b-dflash"]
+    gen = torch.Generator().manual_seed(5)
+    lens = [10, 1500, 64]
+    q, kb, vb = _block_inputs(geom, len(lens), gen)
+    k_new, v_new, num_new = _store_inputs(geom, lens, geom.block_size, gen)
+    cache = list(random_paged_context(geom, lens, 32, "cuda", gen, extra_pages=1))
+    initial = [t.clone() for t in cache]
+    want_cache = [t.clone() for t in cache]
+    reference.store_paged(k_new, v_new, num_new, *want_cache)
+    want = reference.paged_attention(q, kb, vb, *want_cache)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        impl.store_paged(k_new, v_new, num_new, *cache)
+        static_out = impl.paged_attention(q, kb, vb, *cache)
+    for _ in range(2):
+        for t, t0 in zip(cache, initial):
+            t.copy_(t0)
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, exp in zip(cache, want_cache):
+            assert torch.equal(got, exp)
+        _assert_close(static_out, want, geom.dtype)
+    for t, t0 in zip(cache, initial):
+        t.copy_(t0)
+    impl.store_paged(k_new, v_new, num_new, *cache)  # eager after capture: its own counters
+    assert torch.equal(cache[3], want_cache[3])
+
+
+@pytest.mark.parametrize("backend", ["cupy", "cutlass"])
+def test_checks_off_runs_the_same(backend, monkeypatch):
+    """DRAFTER_CHECKS=0: the shorter plan key still finds the right plan for each shape."""
+    from drafter_attn.kernels import cupy_backend as cb
+
+    monkeypatch.setattr(cb, "CHECKS", False)
+    impl = _fresh(backend)
+    geom = PRESETS["qwen3-8b-dflash-b16"]
+    gen = torch.Generator().manual_seed(2)
+    for lens in ([5, 300], [5, 300, 4000]):
+        q, kb, vb = _block_inputs(geom, len(lens), gen)
+        cache = random_paged_context(geom, lens, 64, "cuda", gen)
+        _assert_close(impl.paged_attention(q, kb, vb, *cache),
+                      reference.paged_attention(q, kb, vb, *cache), geom.dtype)
+    assert len(impl._plans) == 2

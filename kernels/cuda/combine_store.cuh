@@ -18,13 +18,16 @@
 namespace drafter {
 
 // Element offset of row `kp` of KV head `kvh` inside the cache. `loc` is the page id (paged) or
-// the slot id (arena).
-__device__ __forceinline__ long long cache_offset(int loc, int kvh, int hkv, int kp, int max_ctx) {
+// the slot id (arena). `loc_stride` is the distance between pages in packed pages of
+// hkv * PAGE_SIZE * HEAD_DIM elements (1 when packed, 2 for K and V views of one pool
+// [pages, 2, hkv, PAGE_SIZE, D]), or between arena slots in token rows of hkv * HEAD_DIM elements
+// (max_ctx when packed). In these units the arithmetic is the packed layout's plus one 32-bit
+// multiply (a finer stride costs the 9-warp variants registers, and spills on sm_100a/103a).
+__device__ __forceinline__ long long cache_offset(int loc, int kvh, int hkv, int kp, int loc_stride) {
 #if PAGE_SIZE > 0
-  (void)max_ctx;
-  return ((static_cast<long long>(loc) * hkv + kvh) * PAGE_SIZE + (kp & (PAGE_SIZE - 1))) * HEAD_DIM;
+  return ((static_cast<long long>(loc * loc_stride) * hkv + kvh) * PAGE_SIZE + (kp & (PAGE_SIZE - 1))) * HEAD_DIM;
 #else
-  return ((static_cast<long long>(loc) * max_ctx + kp) * hkv + kvh) * HEAD_DIM;
+  return ((static_cast<long long>(loc) * loc_stride + kp) * hkv + kvh) * HEAD_DIM;
 #endif
 }
 
@@ -80,7 +83,7 @@ extern "C" __global__ void __launch_bounds__(128)
                   elem_t* __restrict__ k_cache, elem_t* __restrict__ v_cache,
                   const int* __restrict__ table, int* __restrict__ ctx_lens,
                   int* __restrict__ counters, int T, int hkv, int table_stride, int capacity,
-                  int max_ctx) {
+                  int loc_stride) {
   using namespace drafter;
   constexpr int D = HEAD_DIM;
   constexpr int CPR = D / 8;  // 16-byte chunks per row
@@ -104,7 +107,7 @@ extern "C" __global__ void __launch_bounds__(128)
     const uint4* srcV = reinterpret_cast<const uint4*>(v_new + (static_cast<long long>(b) * T + j) * hkv * D);
     for (int c = threadIdx.x; c < hkv * CPR; c += blockDim.x) {
       const int h = c / CPR, col = (c % CPR) * 8;
-      const long long off = cache_offset(loc, h, hkv, pos, max_ctx) + col;
+      const long long off = cache_offset(loc, h, hkv, pos, loc_stride) + col;
       *reinterpret_cast<uint4*>(k_cache + off) = srcK[c];
       *reinterpret_cast<uint4*>(v_cache + off) = srcV[c];
     }

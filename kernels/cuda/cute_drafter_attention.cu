@@ -38,6 +38,7 @@
 
 // cache_offset, drafter_combine and drafter_store (the same code as the cupy backend's)
 #include "combine_store.cuh"
+#include "params.cuh"
 
 namespace cute_drafter {
 using namespace cute;
@@ -150,14 +151,13 @@ __device__ __forceinline__ float& acc(T& t, int c, int h, int n) {
 // CUTE_DRAFTER_LAYOUTS_ONLY: the types above without the kernel (tests/cute_layout_check.cu
 // checks the gather partitions on the host).
 #ifndef CUTE_DRAFTER_LAYOUTS_ONLY
-extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
-    drafter_attention(const elem_t* __restrict__ q_, const elem_t* __restrict__ k_blk_,
-                      const elem_t* __restrict__ v_blk_, const elem_t* __restrict__ k_cache_,
-                      const elem_t* __restrict__ v_cache_, const int* __restrict__ table,
-                      const int* __restrict__ ctx_lens, elem_t* __restrict__ out_,
-                      float* __restrict__ o_part, float* __restrict__ lse_part, int qb, int hq,
-                      int hkv, int group, int table_stride, int capacity, int max_ctx,
-                      int mask_mode, int window, float scale_log2) {
+// The kernel's body takes the fields as parameters: __restrict__ holds for parameters only.
+__device__ __forceinline__ void cute_attention_body(
+    const elem_t* __restrict__ q_, const elem_t* __restrict__ k_blk_, const elem_t* __restrict__ v_blk_,
+    const elem_t* __restrict__ k_cache_, const elem_t* __restrict__ v_cache_,
+    const int* __restrict__ table, const int* __restrict__ ctx_lens, elem_t* __restrict__ out,
+    float* __restrict__ o_part, float* __restrict__ lse_part, int qb, int hq, int hkv, int group,
+    int table_stride, int capacity, int loc_stride, int mask_mode, int window, float scale_log2) {
   using namespace cute_drafter;
   using drafter::cache_offset;
   using drafter::fast_exp2;
@@ -259,7 +259,7 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
       } else {  // context tile t0 + v
         const int kp = kstart + row;
         valid = kp < P;
-        off = valid ? cache_offset(pg[kPG == 1 ? 0 : it], kvh, hkv, kp, max_ctx) + col : 0;
+        off = valid ? cache_offset(pg[kPG == 1 ? 0 : it], kvh, hkv, kp, loc_stride) + col : 0;
         baseK = k_cache;
         baseV = v_cache;
       }
@@ -486,7 +486,7 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
       const int r = h ? r1 : r0;
       if (r >= M) continue;
       const float inv = h ? inv1 : inv0;
-      elem_t* dst = out_ + ((static_cast<long long>(b) * qb + r / group) * hq + kvh * group + r % group) * kD;
+      elem_t* dst = out + ((static_cast<long long>(b) * qb + r / group) * hq + kvh * group + r % group) * kD;
       CUTE_UNROLL
       for (int n = 0; n < kD / 8; ++n) {
         const int col = get<1>(cO(2 * h + 4 * n));
@@ -514,5 +514,10 @@ extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
       }
     }
   }
+}
+
+extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
+    drafter_attention(const __grid_constant__ DrafterParams p) {
+  cute_attention_body(DRAFTER_PARAMS_ARGS(p));
 }
 #endif  // CUTE_DRAFTER_LAYOUTS_ONLY

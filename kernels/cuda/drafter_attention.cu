@@ -22,6 +22,7 @@
 #endif
 // cache_offset, and the drafter_combine / drafter_store kernels of this module
 #include "combine_store.cuh"
+#include "params.cuh"
 #if WGMMA
 #include "wgmma.cuh"
 #endif
@@ -117,14 +118,13 @@ static_assert(NUM_WARPS % 4 == 0, "wgmma needs whole warpgroups");
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS)
-    drafter_attention(const elem_t* __restrict__ q, const elem_t* __restrict__ k_blk,
-                      const elem_t* __restrict__ v_blk, const elem_t* __restrict__ k_cache,
-                      const elem_t* __restrict__ v_cache, const int* __restrict__ table,
-                      const int* __restrict__ ctx_lens, elem_t* __restrict__ out,
-                      float* __restrict__ o_part, float* __restrict__ lse_part, int qb, int hq,
-                      int hkv, int group, int table_stride, int capacity, int max_ctx,
-                      int mask_mode, int window, float scale_log2) {
+// The kernel's body takes the fields as parameters: __restrict__ holds for parameters only.
+__device__ __forceinline__ void attention_body(
+    const elem_t* __restrict__ q, const elem_t* __restrict__ k_blk, const elem_t* __restrict__ v_blk,
+    const elem_t* __restrict__ k_cache, const elem_t* __restrict__ v_cache,
+    const int* __restrict__ table, const int* __restrict__ ctx_lens, elem_t* __restrict__ out,
+    float* __restrict__ o_part, float* __restrict__ lse_part, int qb, int hq, int hkv, int group,
+    int table_stride, int capacity, int loc_stride, int mask_mode, int window, float scale_log2) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // swizzle atoms: 1024 B
   elem_t* sK = reinterpret_cast<elem_t*>(smem_raw);  // [STAGES][N][ROW_STRIDE]
   elem_t* sV = sK + STAGES * TILE_ELEMS;
@@ -215,7 +215,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS)
         } else {
           const int kp = kstart + row;
           valid = kp < P;
-          off = valid ? cache_offset(pg[page_slot(it)], kvh, hkv, kp, max_ctx) + col : 0;
+          off = valid ? cache_offset(pg[page_slot(it)], kvh, hkv, kp, loc_stride) + col : 0;
           baseK = k_cache;
           baseV = v_cache;
         }
@@ -461,4 +461,9 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS)
       }
     }
   }
+}
+
+extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS)
+    drafter_attention(const __grid_constant__ DrafterParams p) {
+  attention_body(DRAFTER_PARAMS_ARGS(p));
 }

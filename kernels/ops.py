@@ -1,0 +1,178 @@
+"""The four contract functions as torch custom ops (`torch.ops.drafter_attn.*`).
+
+Registered with `torch.library.custom_op`, each with a fake implementation and its mutated
+arguments declared, so `torch.compile(fullgraph=True)` (default and reduce-overhead modes) traces
+a drafter layer through them without looking inside the kernels, and functionalization orders a
+store before the attention that reads the cache it wrote.
+
+Each op runs on a registry backend: `backend=""` picks the device's default (the torch reference
+on the CPU, cupy on CUDA); any `registry.from_spec` string ("cutlass", "cupy:tile_n=32") names
+another. `*_out` ops write into a caller's buffer (as vLLM passes a preallocated output).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Optional
+
+import torch
+
+from drafter_attn.kernels import registry
+
+DEFAULT_BACKENDS = {"cpu": "reference", "cuda": "cupy"}
+_resolved: dict[tuple[str, str], object] = {}
+
+
+def backend_for(spec: str, device: torch.device):
+    """The registry backend for `spec` (empty: the default of `device`'s type), cached."""
+    key = (spec, device.type)
+    backend = _resolved.get(key)
+    if backend is None:
+        name = spec or DEFAULT_BACKENDS.get(device.type)
+        if name is None:
+            raise ValueError(f"no default drafter backend for device type {device.type!r}; "
+                             f"pass backend= one of {registry.names()}")
+        backend = _resolved[key] = registry.from_spec(name)
+    return backend
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_out(fn) -> bool:
+    return "out" in inspect.signature(fn).parameters
+
+
+def _attend_into(fn, out: torch.Tensor, args, mask, window, scale) -> None:
+    # Backends without `out=` (the reference) compute a fresh tensor; copy it over.
+    if _takes_out(fn):
+        fn(*args, mask=mask, window=window, scale=scale, out=out)
+    else:
+        out.copy_(fn(*args, mask=mask, window=window, scale=scale))
+
+
+# ---------------------------------------------------------------------------------------------
+# attention
+
+
+@torch.library.custom_op("drafter_attn::paged_attention", mutates_args=())
+def _paged_attention(q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor,
+                     k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
+                     ctx_lens: torch.Tensor, mask: str = "full", window: Optional[int] = None,
+                     scale: Optional[float] = None, backend: str = "") -> torch.Tensor:
+    fn = backend_for(backend, q.device).paged_attention
+    return fn(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask=mask, window=window,
+              scale=scale)
+
+
+@torch.library.custom_op("drafter_attn::paged_attention_out", mutates_args=("out",))
+def _paged_attention_out(out: torch.Tensor, q: torch.Tensor, k_blk: torch.Tensor,
+                         v_blk: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                         block_table: torch.Tensor, ctx_lens: torch.Tensor, mask: str = "full",
+                         window: Optional[int] = None, scale: Optional[float] = None,
+                         backend: str = "") -> None:
+    fn = backend_for(backend, q.device).paged_attention
+    _attend_into(fn, out, (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens), mask,
+                 window, scale)
+
+
+@torch.library.custom_op("drafter_attn::arena_attention", mutates_args=())
+def _arena_attention(q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor,
+                     k_arena: torch.Tensor, v_arena: torch.Tensor, slots: torch.Tensor,
+                     ctx_lens: torch.Tensor, mask: str = "full", window: Optional[int] = None,
+                     scale: Optional[float] = None, backend: str = "") -> torch.Tensor:
+    fn = backend_for(backend, q.device).arena_attention
+    return fn(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, mask=mask, window=window,
+              scale=scale)
+
+
+@torch.library.custom_op("drafter_attn::arena_attention_out", mutates_args=("out",))
+def _arena_attention_out(out: torch.Tensor, q: torch.Tensor, k_blk: torch.Tensor,
+                         v_blk: torch.Tensor, k_arena: torch.Tensor, v_arena: torch.Tensor,
+                         slots: torch.Tensor, ctx_lens: torch.Tensor, mask: str = "full",
+                         window: Optional[int] = None, scale: Optional[float] = None,
+                         backend: str = "") -> None:
+    fn = backend_for(backend, q.device).arena_attention
+    _attend_into(fn, out, (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens), mask, window,
+                 scale)
+
+
+def _fake_attention(q, *args, **kwargs):
+    return torch.empty_like(q)
+
+
+def _fake_attention_out(out, q, *args, **kwargs):
+    if out.shape != q.shape or out.dtype != q.dtype:
+        raise ValueError(f"out has shape {tuple(out.shape)} and dtype {out.dtype}; expected "
+                         f"q's {tuple(q.shape)} and {q.dtype}")
+
+
+for _op in (_paged_attention, _arena_attention):
+    _op.register_fake(_fake_attention)
+for _op in (_paged_attention_out, _arena_attention_out):
+    _op.register_fake(_fake_attention_out)
+
+
+# ---------------------------------------------------------------------------------------------
+# context store
+
+
+@torch.library.custom_op("drafter_attn::store_paged",
+                         mutates_args=("k_pages", "v_pages", "ctx_lens"))
+def _store_paged(k_new: torch.Tensor, v_new: torch.Tensor, num_new: torch.Tensor,
+                 k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
+                 ctx_lens: torch.Tensor, backend: str = "") -> None:
+    backend_for(backend, k_new.device).store_paged(k_new, v_new, num_new, k_pages, v_pages,
+                                                   block_table, ctx_lens)
+
+
+@torch.library.custom_op("drafter_attn::store_arena",
+                         mutates_args=("k_arena", "v_arena", "ctx_lens"))
+def _store_arena(k_new: torch.Tensor, v_new: torch.Tensor, num_new: torch.Tensor,
+                 k_arena: torch.Tensor, v_arena: torch.Tensor, slots: torch.Tensor,
+                 ctx_lens: torch.Tensor, backend: str = "") -> None:
+    backend_for(backend, k_new.device).store_arena(k_new, v_new, num_new, k_arena, v_arena,
+                                                   slots, ctx_lens)
+
+
+@_store_paged.register_fake
+def _(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens, backend=""):
+    return None
+
+
+@_store_arena.register_fake
+def _(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens, backend=""):
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Python entry points (the contract's signatures, plus `out=` and `backend=`)
+
+
+def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *, mask="full",
+                    window=None, scale=None, out=None, backend=""):
+    """`torch.ops.drafter_attn.paged_attention`, or its `_out` form when `out` is given."""
+    args = (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask, window, scale, backend)
+    if out is None:
+        return torch.ops.drafter_attn.paged_attention(*args)
+    torch.ops.drafter_attn.paged_attention_out(out, *args)
+    return out
+
+
+def arena_attention(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *, mask="full",
+                    window=None, scale=None, out=None, backend=""):
+    """`torch.ops.drafter_attn.arena_attention`, or its `_out` form when `out` is given."""
+    args = (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, mask, window, scale, backend)
+    if out is None:
+        return torch.ops.drafter_attn.arena_attention(*args)
+    torch.ops.drafter_attn.arena_attention_out(out, *args)
+    return out
+
+
+def store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens, *, backend=""):
+    torch.ops.drafter_attn.store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table,
+                                       ctx_lens, backend)
+
+
+def store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens, *, backend=""):
+    torch.ops.drafter_attn.store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens,
+                                       backend)

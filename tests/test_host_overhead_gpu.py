@@ -1,0 +1,71 @@
+"""Host time of one eager attention call (marker `gpu`; pytest-benchmark): the cupy backend and
+`Runtime` on B=1, a 2k context, the main preset. No synchronisation inside a round: a round is
+CALLS back-to-back calls, each queueing its kernels and returning, so the figure is the host's
+own cost per call (the kernels of this shape take less time on the GPU than the host needs).
+
+    pytest -m gpu tests/test_host_overhead_gpu.py --benchmark-columns=median,min,rounds
+
+Targets (issue 13): <= 10 us per backend call, <= 12 us through Runtime (checks on).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from drafter_attn.kernels import registry
+from drafter_attn.kernels.cache import random_paged_context
+from drafter_attn.kernels.presets import MAIN_PRESET, PRESETS
+
+pytestmark = pytest.mark.gpu
+
+CALLS = 200  # calls per round
+TARGET_US = {"backend": 10.0, "runtime": 12.0}
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    geom = PRESETS[MAIN_PRESET]
+    gen = torch.Generator().manual_seed(0)
+    dt = geom.torch_dtype
+    q = torch.randn(1, geom.block_size, geom.num_q_heads, geom.head_dim, generator=gen).to("cuda", dt)
+    kb = torch.randn(1, geom.block_size, geom.num_kv_heads, geom.head_dim, generator=gen).to("cuda", dt)
+    vb = torch.randn_like(kb)
+    cache = random_paged_context(geom, [2048], 64, "cuda", gen)
+    return (q, kb, vb, *cache)
+
+
+def _per_call_us(benchmark, call, args) -> float:
+    def rounds():
+        for _ in range(CALLS):
+            call(*args)
+
+    call(*args)  # plan, compile and load outside the measurement
+    torch.cuda.synchronize()
+    benchmark.pedantic(rounds, setup=torch.cuda.synchronize, rounds=30, warmup_rounds=2)
+    per_call = benchmark.stats.stats.median / CALLS * 1e6
+    benchmark.extra_info["per_call_us"] = round(per_call, 2)
+    return per_call
+
+
+@pytest.mark.parametrize("checks", [True, False], ids=["checks", "no-checks"])
+def test_backend_call_host_time(benchmark, inputs, checks, monkeypatch):
+    pytest.importorskip("cupy")
+    from drafter_attn.kernels import cupy_backend as cb
+
+    monkeypatch.setattr(cb, "CHECKS", checks)
+    backend = dataclasses.replace(registry.get("cupy"))  # its own plans, keyed for `checks`
+    per_call = _per_call_us(benchmark, backend.paged_attention, inputs)
+    assert per_call <= TARGET_US["backend"], f"{per_call:.1f} us per call"
+
+
+def test_runtime_call_host_time(benchmark, inputs):
+    pytest.importorskip("cupy")
+    from drafter_attn.kernels.dispatch import Runtime
+
+    rt = Runtime()
+    per_call = _per_call_us(benchmark, rt.paged_attention, inputs)
+    assert rt.picks and all(p.impl != "reference" for p in rt.picks.values())
+    assert per_call <= TARGET_US["runtime"], f"{per_call:.1f} us per call"

@@ -1,0 +1,414 @@
+"""The torch custom ops (kernels.ops): opcheck, fake implementations, `out=`, and a drafter layer
+under torch.compile. The CPU tests run the reference backend; the `gpu` ones run cupy (and the
+CUDA-graph mode of torch.compile)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from drafter_attn.kernels import ops, reference
+from helpers import make_generator, randn
+
+HQ, HKV, D, QB, PS = 8, 2, 64, 4, 16
+DT = torch.bfloat16
+
+
+def paged_case(device, batch=2, max_pages=4, num_pages=12, seed=0):
+    """Random q/k/v block, a paged cache, a table of distinct pages and lengths < capacity - QB."""
+    g = make_generator(seed)
+    q = randn((batch, QB, HQ, D), DT, device, g)
+    k_blk, v_blk = (randn((batch, QB, HKV, D), DT, device, g) for _ in range(2))
+    k_pages, v_pages = (randn((num_pages, HKV, PS, D), DT, device, g) for _ in range(2))
+    table = torch.randperm(num_pages, generator=g)[: batch * max_pages].view(batch, max_pages)
+    lens = torch.randint(1, max_pages * PS - QB, (batch,), generator=g)
+    return (q, k_blk, v_blk, k_pages, v_pages, table.int().to(device), lens.int().to(device))
+
+
+def arena_case(device, batch=2, slots=3, max_ctx=40, seed=1):
+    g = make_generator(seed)
+    q = randn((batch, QB, HQ, D), DT, device, g)
+    k_blk, v_blk = (randn((batch, QB, HKV, D), DT, device, g) for _ in range(2))
+    k_arena, v_arena = (randn((slots, max_ctx, HKV, D), DT, device, g) for _ in range(2))
+    slot_ids = torch.randperm(slots, generator=g)[:batch].int().to(device)
+    lens = torch.randint(1, max_ctx - QB, (batch,), generator=g).int().to(device)
+    return (q, k_blk, v_blk, k_arena, v_arena, slot_ids, lens)
+
+
+def store_args(case, num_new):
+    _, k_blk, v_blk, k_cache, v_cache, table, lens = case
+    return (k_blk, v_blk, num_new, k_cache, v_cache, table, lens)
+
+
+def _num_new(case):
+    return torch.tensor([QB, 1], dtype=torch.int32, device=case[0].device)
+
+
+# ---------------------------------------------------------------------------------------------
+# opcheck (schema, fake tensors, autograd registration, AOT dispatch)
+
+
+@pytest.mark.parametrize("op, make", [("paged_attention", paged_case),
+                                      ("arena_attention", arena_case)])
+def test_opcheck_attention(op, make):
+    case = make("cpu")
+    torch.library.opcheck(getattr(torch.ops.drafter_attn, op), case)
+    out = torch.empty_like(case[0])
+    torch.library.opcheck(getattr(torch.ops.drafter_attn, op + "_out"), (out, *case))
+
+
+@pytest.mark.parametrize("op, make", [("store_paged", paged_case), ("store_arena", arena_case)])
+def test_opcheck_store(op, make):
+    case = make("cpu")
+    torch.library.opcheck(getattr(torch.ops.drafter_attn, op), store_args(case, _num_new(case)))
+
+
+def test_fake_attention_has_the_shape_of_q():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        case = tuple(mode.from_tensor(t) for t in paged_case("cpu"))
+        out = torch.ops.drafter_attn.paged_attention(*case)
+        assert out.shape == case[0].shape and out.dtype == DT
+        bad = torch.empty(2, QB, HQ, D + 1, dtype=DT)
+        with pytest.raises(ValueError, match="out has shape"):
+            torch.ops.drafter_attn.paged_attention_out(bad, *case)
+
+
+# ---------------------------------------------------------------------------------------------
+# eager results against the reference
+
+
+def test_ops_match_reference_and_out_is_written():
+    case = paged_case("cpu")
+    want = reference.paged_attention(*case)
+    torch.testing.assert_close(ops.paged_attention(*case), want, rtol=0, atol=0)
+    out = torch.full_like(case[0], float("nan"))
+    assert ops.paged_attention(*case, out=out) is out
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    acase = arena_case("cpu")
+    aout = torch.zeros_like(acase[0])
+    ops.arena_attention(*acase, mask="sliding", window=5, out=aout)
+    torch.testing.assert_close(aout, reference.arena_attention(*acase, mask="sliding", window=5))
+
+
+def test_store_ops_mutate_caches_and_lengths():
+    case = paged_case("cpu")
+    num_new = _num_new(case)
+    want = [t.clone() for t in case]
+    reference.store_paged(*store_args(want, num_new))
+    ops.store_paged(*store_args(case, num_new))
+    for got, exp in zip(case[3:], want[3:]):
+        torch.testing.assert_close(got, exp, rtol=0, atol=0)
+    assert not torch.equal(case[6], paged_case("cpu")[6])  # ctx_lens moved
+
+
+def test_unknown_default_device_type_is_named():
+    with pytest.raises(ValueError, match="device type 'meta'"):
+        ops.backend_for("", torch.device("meta"))
+
+
+# ---------------------------------------------------------------------------------------------
+# a drafter layer under torch.compile
+
+
+class DrafterLayer(torch.nn.Module):
+    """Projections, the block's attention over the cache, then the block's store into it."""
+
+    def __init__(self, hidden=96, backend=""):
+        super().__init__()
+        self.backend = backend
+        self.q = torch.nn.Linear(hidden, HQ * D, bias=False)
+        self.kv = torch.nn.Linear(hidden, 2 * HKV * D, bias=False)
+        self.o = torch.nn.Linear(HQ * D, hidden, bias=False)
+
+    def forward(self, x, k_pages, v_pages, table, ctx_lens, num_new):
+        B, Qb, _ = x.shape
+        q = self.q(x).view(B, Qb, HQ, D)
+        k, v = self.kv(x).view(B, Qb, 2, HKV, D).unbind(2)
+        k, v = k.contiguous(), v.contiguous()
+        attn = ops.paged_attention(q, k, v, k_pages, v_pages, table, ctx_lens,
+                                   mask="sliding_causal", window=24, backend=self.backend)
+        ops.store_paged(k, v, num_new, k_pages, v_pages, table, ctx_lens, backend=self.backend)
+        return self.o(attn.view(B, Qb, HQ * D))
+
+
+def run_layer_steps(layer, fn, device, steps=3):
+    """Outputs and final cache state of `steps` decode steps of `fn` on a fresh cache."""
+    case = paged_case(device)
+    _, _, _, k_pages, v_pages, table, lens = case
+    lens.fill_(3)  # room for every step's QB rows
+    num_new = torch.tensor([QB, 2], dtype=torch.int32, device=device)
+    g = make_generator(7)
+    outs = []
+    for _ in range(steps):
+        x = randn((2, QB, 96), DT, device, g)
+        outs.append(fn(x, k_pages, v_pages, table, lens, num_new).clone())
+    return outs, (k_pages, v_pages, lens)
+
+
+def check_compiled_layer(device, mode=None, backend=""):
+    torch.manual_seed(0)
+    layer = DrafterLayer(backend=backend).to(device=device, dtype=DT)
+    compiled = torch.compile(layer, fullgraph=True, mode=mode)
+    with torch.no_grad():
+        want, want_state = run_layer_steps(layer, layer, device)
+        got, got_state = run_layer_steps(layer, compiled, device)
+    for g_, w in zip(got + list(got_state), want + list(want_state)):
+        torch.testing.assert_close(g_, w, rtol=2e-2, atol=2e-2)
+    assert torch.equal(got_state[2].cpu(), torch.tensor([3 + 3 * QB, 3 + 6], dtype=torch.int32))
+
+
+def test_drafter_layer_compiles_fullgraph_and_matches_eager():
+    torch._dynamo.reset()
+    check_compiled_layer("cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the same through cupy (and cutlass), with out= and CUDA graphs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["", "cutlass"])
+def test_opcheck_gpu(backend):
+    pytest.importorskip("cupy")
+    if backend == "cutlass":
+        pytest.importorskip("cutlass_library")
+    case = paged_case("cuda")
+    kw = {"backend": backend}
+    torch.library.opcheck(torch.ops.drafter_attn.paged_attention, case, kw)
+    torch.library.opcheck(torch.ops.drafter_attn.paged_attention_out,
+                          (torch.empty_like(case[0]), *case), kw)
+    acase = arena_case("cuda")
+    torch.library.opcheck(torch.ops.drafter_attn.arena_attention, acase, kw)
+    torch.library.opcheck(torch.ops.drafter_attn.store_paged, store_args(case, _num_new(case)), kw)
+    torch.library.opcheck(torch.ops.drafter_attn.store_arena,
+                          store_args(acase, _num_new(acase)), kw)
+
+
+@pytest.mark.gpu
+def test_cupy_ops_match_reference_with_out():
+    pytest.importorskip("cupy")
+    case = paged_case("cuda")
+    want = reference.paged_attention(*case)
+    out = torch.full_like(case[0], float("nan"))
+    ops.paged_attention(*case, out=out)
+    torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
+    acase = arena_case("cuda")
+    aout = torch.full_like(acase[0], float("nan"))
+    ops.arena_attention(*acase, out=aout)
+    torch.testing.assert_close(aout, reference.arena_attention(*acase), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_drafter_layer_compiles_on_gpu(mode):
+    pytest.importorskip("cupy")
+    torch._dynamo.reset()
+    check_compiled_layer("cuda", mode=mode)
+
+
+# ---------------------------------------------------------------------------------------------
+# engine pools: K and V as strided views of one [blocks, 2, Hkv, page, D] tensor (TensorRT-LLM)
+
+
+def trtllm_pool_case(device, batch=2, max_pages=4, num_pages=12, seed=3):
+    """The paged case with K and V pages as views `pool[:, 0]`, `pool[:, 1]` of one pool."""
+    case = list(paged_case(device, batch, max_pages, num_pages, seed))
+    pool = torch.stack([case[3], case[4]], dim=1)  # [blocks, 2, Hkv, page, D]
+    case[3], case[4] = pool[:, 0], pool[:, 1]
+    return case, pool
+
+
+def test_trtllm_pool_views_are_taken_without_a_copy():
+    case, pool = trtllm_pool_case("cpu")
+    k, v = case[3], case[4]
+    assert not k.is_contiguous() and k.data_ptr() == pool.data_ptr()
+    dense = [t.contiguous() if t.dim() == 4 else t for t in case]
+    torch.testing.assert_close(ops.paged_attention(*case), reference.paged_attention(*dense),
+                               rtol=0, atol=0)
+    num_new = _num_new(case)
+    want = [t.clone() for t in dense]
+    reference.store_paged(*store_args(want, num_new))
+    ops.store_paged(*store_args(case, num_new))  # writes through the views into the pool
+    torch.testing.assert_close(pool[:, 0], want[3], rtol=0, atol=0)
+    torch.testing.assert_close(pool[:, 1], want[4], rtol=0, atol=0)
+    torch.testing.assert_close(case[6], want[6], rtol=0, atol=0)
+
+
+def test_pool_views_that_cannot_be_addressed_are_rejected():
+    case, pool = trtllm_pool_case("cpu")
+    bad = list(case)
+    bad[4] = case[4].contiguous()  # one stride for K and V
+    with pytest.raises(ValueError, match="one page stride"):
+        ops.paged_attention(*bad)
+    padded = torch.zeros(12, HKV, PS, 2 * D, dtype=DT)[..., :D]  # rows not packed
+    bad[3], bad[4] = padded, padded
+    with pytest.raises(ValueError, match="k_pages must be contiguous within each page"):
+        reference.paged_attention(*bad)
+    wide = torch.zeros(12, HKV, PS, D, dtype=DT)
+    bad[3], bad[4] = wide.as_strided(wide.shape, (8, PS * D, D, 1)), wide
+    with pytest.raises(ValueError, match="overlap"):
+        reference.paged_attention(*bad)
+
+
+def test_out_buffer_is_checked():
+    from drafter_attn.kernels import contract
+
+    q = paged_case("cpu")[0]
+    contract.check_out(torch.empty_like(q), q)
+    with pytest.raises(ValueError, match="out has dtype"):
+        contract.check_out(torch.empty_like(q, dtype=torch.float16), q)
+    with pytest.raises(ValueError, match="out has shape"):
+        contract.check_out(q.new_empty(2, QB, HQ, 2 * D)[..., :D].contiguous()[:1], q)
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        contract.check_out(q.new_empty(2, QB, HQ, 2 * D)[..., :D], q)
+
+
+# ---------------------------------------------------------------------------------------------
+# the cupy backend's plans (CPU: planning only, with a stand-in device and module)
+
+
+def _header_fields(path) -> list[str]:
+    """Field names of `struct DrafterParams` in params.cuh, in order."""
+    import re
+
+    body = path.read_text().split("struct DrafterParams {", 1)[1].split("};", 1)[0]
+    names = []
+    for decl in re.sub(r"//[^\n]*", "", body).split(";"):
+        names += [re.findall(r"(\w+)\s*$", part)[0] for part in decl.split(",") if part.strip()]
+    return names
+
+
+def test_host_params_mirror_the_header():
+    from drafter_attn.kernels import cupy_backend as cb
+    from drafter_attn.kernels.nvrtc import CUDA_SRC_DIR
+
+    assert [f[0] for f in cb.DrafterParams._fields_] == _header_fields(CUDA_SRC_DIR / "params.cuh")
+    store_src = (CUDA_SRC_DIR / "combine_store.cuh").read_text()
+    for kernel, args in (("drafter_store", cb.StoreArgs), ("drafter_combine", cb.CombineArgs)):
+        params = store_src.split(f"{kernel}(", 1)[1].split(")", 1)[0].split(",")
+        assert len(params) == len(args._fields_), kernel
+        for decl, (name, ctype) in zip(params, args._fields_):
+            assert ("*" in decl) == (ctype is cb.ctypes.c_void_p), (kernel, decl, name)
+    for src in ("drafter_attention.cu", "cute_drafter_attention.cu"):
+        assert "drafter_attention(const __grid_constant__ DrafterParams p)" in \
+            (CUDA_SRC_DIR / src).read_text()
+
+
+@pytest.fixture
+def planning(monkeypatch):
+    """A cupy backend that plans on the CPU: device 0 is a 132-SM sm_90, modules are stand-ins
+    with the resources of a real variant, and nothing is launched."""
+    import dataclasses
+
+    from drafter_attn.kernels import cupy_backend as cb
+
+    def load(index, items):
+        d = dict(items)
+        return cb.Module(1, 2, 3, smem=60_000, regs=128, threads=d["NUM_WARPS"] * 32)
+
+    family = dataclasses.replace(cb.CUPY, module="test-planning", load_variant=load)
+
+    class Planned(cb.CupyBackend):
+        pass
+
+    Planned.family = family
+    monkeypatch.setattr(cb, "device_info", lambda index: (132, 90))
+    monkeypatch.setattr(cb, "_index", lambda device: 0)
+    monkeypatch.setattr(cb, "_check_kernel_inputs", lambda *a: None)
+    monkeypatch.setattr(cb, "_counters", lambda index, batch: torch.zeros(batch, dtype=torch.int32))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    return cb, Planned()
+
+
+def _plan(cb, backend, case, layout="paged", **kw):
+    from drafter_attn.kernels import contract
+
+    args = (*case, None)
+    extra = (kw.get("mask", "full"), kw.get("window"), kw.get("scale"))
+    key = cb.call_key(layout, args, extra)
+    check = contract.check_paged if layout == "paged" else contract.check_arena
+    return key, backend._plan_attention(key, check(*case, *extra), layout, args)
+
+
+def test_attention_plan_packs_shapes_once(planning):
+    cb, backend = planning
+    case, pool = trtllm_pool_case("cpu", batch=1, max_pages=32, num_pages=40)
+    key, plan = _plan(cb, backend, case, mask="sliding", window=300)
+    assert backend._plans[key] is plan
+    p = plan.attention.args
+    assert (p.qb, p.hq, p.hkv, p.group, p.table_stride) == (QB, HQ, HKV, HQ // HKV, 32)
+    assert (p.capacity, p.mask_mode, p.window) == (32 * PS, 1, 300)
+    assert p.loc_stride * HKV * PS * D == pool.stride(0)  # the pool's: 2 packed pages
+    assert p.loc_stride == 2
+    assert p.scale_log2 == pytest.approx(D**-0.5 * 1.4426950408889634)
+    splits = cb.choose_splits(1, HKV, 300, 64, 132, cb.Module(0, 0, 0, 60_000, 128, 128)
+                              .resident_ctas())
+    assert plan.splits == splits > 1
+    assert plan.attention.grid == (splits, HKV, 1) and plan.attention.block == (128, 1, 1)
+    rows = 1 * HKV * QB * (HQ // HKV)
+    assert (plan.part_elems, plan.lse_elems) == (splits * rows * D, splits * rows)
+    assert plan.combine.grid == (-(-rows // 4), 1, 1) and plan.combine.args.splits == splits
+
+
+def test_arena_plan_and_forced_splits(planning):
+    cb, backend = planning
+    case = arena_case("cpu")
+    _, plan = _plan(cb, backend.with_params(num_splits=1), case, layout="arena")
+    assert plan.splits == 1 and plan.combine is None and plan.part_elems == 0
+    p = plan.attention.args
+    assert (p.table_stride, p.capacity, p.loc_stride) == (1, 40, 40)  # max_ctx rows
+
+
+def test_plan_keys_follow_shapes_strides_and_checks(planning, monkeypatch):
+    cb, _ = planning
+    case = (*paged_case("cpu"), None)
+    extra = ("full", None, None)
+    assert cb.call_key("paged", case, extra) == cb.call_key("paged", (*paged_case("cpu", seed=5), None), extra)
+    views, _ = trtllm_pool_case("cpu")
+    assert cb.call_key("paged", (*views, None), extra) != cb.call_key("paged", case, extra)
+    longer = (*case[:5], torch.zeros(2, 5, dtype=torch.int32), *case[6:])
+    assert cb.call_key("paged", longer, extra) != cb.call_key("paged", case, extra)
+    transposed = (case[0], case[1], case[2].transpose(1, 2).contiguous().transpose(1, 2), *case[3:])
+    assert cb.call_key("paged", transposed, extra) != cb.call_key("paged", case, extra)
+    monkeypatch.setattr(cb, "CHECKS", False)  # DRAFTER_CHECKS=0: only what the plan depends on
+    assert cb.call_key("paged", transposed, extra) == cb.call_key("paged", case, extra)
+    assert cb.call_key("paged", (*views, None), extra) != cb.call_key("paged", case, extra)
+
+
+def test_store_plan(planning):
+    cb, backend = planning
+    case, pool = trtllm_pool_case("cpu")
+    args = store_args(case, _num_new(case))
+    key = cb.call_key("store_paged", args, None)
+    from drafter_attn.kernels import contract
+
+    plan = backend._plan_store(key, contract.check_store_paged(*args), args)
+    a = plan.launch.args
+    assert plan.launch.grid == (QB, 2, 1)
+    assert (a.rows, a.hkv, a.table_stride, a.capacity, a.loc_stride) == (QB, HKV, 4, 4 * PS, 2)
+    assert a.counters == plan.launch.counters.data_ptr()
+    assert backend._plans[key] is plan
+
+
+def test_cutlass_family_is_its_own():
+    pytest.importorskip("cutlass_library")
+    from drafter_attn.kernels import cupy_backend as cb
+    from drafter_attn.kernels import cutlass_backend as kb
+
+    assert kb.BACKEND.family is kb.CUTLASS and cb.BACKEND.family is cb.CUPY
+    assert kb.BACKEND.with_params(tile_n=32).family is kb.CUTLASS
+    assert kb.CUTLASS.Params is kb.Params and kb.CUTLASS.supports is kb.supports
+
+
+def test_kernels_reject_strides_off_their_unit(planning):
+    cb, backend = planning
+    case = list(paged_case("cpu"))
+    def padded():  # pages 8 elements further apart than packed ones
+        return torch.randn(12, HKV * PS * D + 8).to(DT)[:, : HKV * PS * D].view(12, HKV, PS, D)
+
+    case[3], case[4] = padded(), padded()
+    assert reference.paged_attention(*case).shape == case[0].shape  # fine for the contract
+    with pytest.raises(ValueError, match="must be a multiple of one packed page"):
+        _plan(cb, backend, tuple(case))
