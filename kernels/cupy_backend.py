@@ -55,6 +55,7 @@ class Params:
     wgmma: bool | None = None
     min_ctas: int = 1  # occupancy the compiler must fit (caps registers per thread)
     skip_compute: bool = False  # diagnostic: loads only, output is garbage (never a default)
+    skip_loads: bool = False  # diagnostic: math only, on whatever the stages hold (never a default)
 
     def smem_bytes(self, head_dim: int, warps: int, wgmma: bool = False) -> int:
         return smem_bytes(self.tile_n, self.stages, head_dim, warps if self.q_smem else 0, wgmma)
@@ -173,7 +174,7 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
                     block_size: int, group: int, params: Params, sm: int) -> dict[str, int]:
     wgmma = use_wgmma(params, head_dim, num_warps(block_size, group), sm)
     return dict(common_defines(dtype, head_dim, page_size, block_size, group, params, wgmma),
-                SKIP_COMPUTE=int(params.skip_compute))
+                SKIP_COMPUTE=int(params.skip_compute), SKIP_LOADS=int(params.skip_loads))
 
 
 # ptxas otherwise caps some variants at 128 registers and spills; occupancy is planned by hand.

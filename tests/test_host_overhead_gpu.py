@@ -5,7 +5,9 @@ own cost per call (the kernels of this shape take less time on the GPU than the 
 
     pytest -m gpu tests/test_host_overhead_gpu.py --benchmark-columns=median,min,rounds
 
-Targets (issue 13): <= 10 us per backend call, <= 12 us through Runtime (checks on).
+Targets (issue 13): <= 10 us per backend call, <= 12 us through Runtime (checks on). The figure
+and whether it meets its target go into each benchmark's extra_info (`--benchmark-json`): timings
+are recorded, not asserted.
 """
 
 from __future__ import annotations
@@ -47,7 +49,12 @@ def _per_call_us(benchmark, call, args) -> float:
     benchmark.pedantic(rounds, setup=torch.cuda.synchronize, rounds=30, warmup_rounds=2)
     per_call = benchmark.stats.stats.median / CALLS * 1e6
     benchmark.extra_info["per_call_us"] = round(per_call, 2)
+    assert per_call > 0
     return per_call
+
+
+def _record(benchmark, per_call: float, target: str) -> None:
+    benchmark.extra_info.update(target_us=TARGET_US[target], meets_target=per_call <= TARGET_US[target])
 
 
 @pytest.mark.parametrize("checks", [True, False], ids=["checks", "no-checks"])
@@ -58,7 +65,7 @@ def test_backend_call_host_time(benchmark, inputs, checks, monkeypatch):
     monkeypatch.setattr(cb, "CHECKS", checks)
     backend = dataclasses.replace(registry.get("cupy"))  # its own plans, keyed for `checks`
     per_call = _per_call_us(benchmark, backend.paged_attention, inputs)
-    assert per_call <= TARGET_US["backend"], f"{per_call:.1f} us per call"
+    _record(benchmark, per_call, "backend")
 
 
 def test_runtime_call_host_time(benchmark, inputs):
@@ -68,4 +75,4 @@ def test_runtime_call_host_time(benchmark, inputs):
     rt = Runtime()
     per_call = _per_call_us(benchmark, rt.paged_attention, inputs)
     assert rt.picks and all(p.impl != "reference" for p in rt.picks.values())
-    assert per_call <= TARGET_US["runtime"], f"{per_call:.1f} us per call"
+    _record(benchmark, per_call, "runtime")

@@ -281,12 +281,13 @@ def test_cupy_runs_on_a_gpu_no_table_knows(monkeypatch, layout):
     from drafter_attn.kernels.cache import random_arena_context, random_paged_context
     from drafter_attn.kernels.presets import MAIN_PRESET, PRESETS
 
-    num_sms, real_sm = cb._device_info(0)
+    num_sms, real_sm = cb.device_info(0)
     below = tuple(s for s in nvrtc.supported_sms() if s <= real_sm)
     monkeypatch.setattr(nvrtc, "supported_sms", lambda: below)
-    monkeypatch.setattr(cb, "_device_info", lambda index: (num_sms, 999))
+    monkeypatch.setattr(cb, "device_info", lambda index: (num_sms, 999))
     cb._load.cache_clear()
     nvrtc._announce.cache_clear()
+    registry.get("cupy")._plans.clear()  # a plan holds the module it loaded
     try:
         g = PRESETS[MAIN_PRESET]
         gen = torch.Generator().manual_seed(15)
@@ -309,3 +310,4 @@ def test_cupy_runs_on_a_gpu_no_table_knows(monkeypatch, layout):
         assert torch.isfinite(out).all() and rel < 1e-2, rel
     finally:
         cb._load.cache_clear()  # later tests load modules for the real SM again
+        registry.get("cupy")._plans.clear()

@@ -19,9 +19,10 @@ MIN_REPS, MAX_REPS = 30, 400
 FLUSH_BELOW_L2_MULTIPLE = 4
 
 
-# The status of a diagnostic variant (skip_compute: the loads alone): timed for the limiter, but
+# The status of a diagnostic variant (the loads alone, or the math alone): timed for the limiter, but
 # its output is not attention, so no table or dispatcher may ever pick it.
-DIAGNOSTIC_REASON = "diagnostic variant (skip_compute=1: loads only, output not attention); timed, never ok"
+DIAGNOSTIC_REASON = ("diagnostic variant (skip_compute: loads only, or skip_loads: math only; the output "
+                     "is not attention); timed, never ok")
 
 
 def choose_reps(step_us: float, budget_s: float = REPS_BUDGET_S, lo: int = MIN_REPS,
@@ -177,8 +178,8 @@ def measure_step(wire: dict, make_step, *, reps: int = 0, nsys: bool = False,
         if reason:
             return dict(status="unsupported", reason=reason, elapsed_s=time.perf_counter() - t0)
         step = make_step(c, backend)
-        diagnostic = bool(c.params_dict.get("skip_compute"))
-        if diagnostic:  # loads only: its output is not attention, so it is timed but never ok
+        diagnostic = bool(c.params_dict.get("skip_compute") or c.params_dict.get("skip_loads"))
+        if diagnostic:  # loads or math only: the output is not attention, so timed but never ok
             row["rel_err"] = None
         else:
             row["rel_err"] = step.check()

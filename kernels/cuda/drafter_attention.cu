@@ -20,6 +20,9 @@
 #ifndef SKIP_COMPUTE
 #define SKIP_COMPUTE 0  // diagnostic only: stream K/V through the pipeline, compute nothing
 #endif
+#ifndef SKIP_LOADS
+#define SKIP_LOADS 0  // diagnostic only: the math on whatever the stages hold, no K/V loads
+#endif
 // cache_offset, and the drafter_combine / drafter_store kernels of this module
 #include "combine_store.cuh"
 #include "params.cuh"
@@ -182,7 +185,7 @@ __device__ __forceinline__ void attention_body(
 
   // ---- loaders. Tile v < n_ctx_here is context tile t0 + v; tile n_ctx_here is the block.
   auto lookup = [&](int v, int (&pg)[PG]) {
-    if (v >= n_ctx_here) return;
+    if (SKIP_LOADS || v >= n_ctx_here) return;
 #if PAGE_SIZE > 0
     const int kstart = (t0 + v) * N;
 #pragma unroll
@@ -196,6 +199,7 @@ __device__ __forceinline__ void attention_body(
 #endif
   };
   auto issue = [&](int v, int stage, const int (&pg)[PG]) {
+    if (SKIP_LOADS) return;
     elem_t* dK = sK + stage * TILE_ELEMS;
     elem_t* dV = sV + stage * TILE_ELEMS;
     const bool is_block = v >= n_ctx_here;
