@@ -18,8 +18,8 @@ source "$(dirname "$0")/gpu_env.sh"
 t() { python3 -m drafter_attn.bench.attention_table "$@" | grep -v "^{"; }
 for stage in "${@:-presets}"; do
   case $stage in
-    small) t --shapes 1x2k,1x8k,1x32k,8x8k,32x8k,8x32k --page 64,128 --impl "cupy;cupy:skip_compute=1" \
-             --db "$OUT/small.db" --out "$OUT/small" ;;
+    small) t --shapes 1x2k,1x8k,1x32k,8x8k,32x8k,8x32k --page 64,128 --impl "cupy;cupy:skip_compute=1;cupy:skip_loads=1" \
+             --db /tmp/small.db --out "$OUT/small" ;;
     main) t --out "$OUT/main" ;;
     presets)
       t --preset dflash2-w2048 --batch 1,8,32 --ctx 2k,32k --page 64 --baseline none --out "$OUT/sliding"
