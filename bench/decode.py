@@ -315,7 +315,8 @@ def baseline_db_result(result: dict) -> dict:
 
 
 _SCALED = ("median_us", "p10_us", "p90_us", "mean_us", "min_us", "repeat_median_us",
-           "attention_median_us", "attention_p10_us", "attention_p90_us", "bytes_moved", "kv_bytes")
+           "attention_median_us", "attention_p10_us", "attention_p90_us", "bytes_moved", "kv_bytes",
+           "read_floor_us")
 
 
 def _output_row(p: Plan, job: Job, cand, result: dict, note: str) -> dict:

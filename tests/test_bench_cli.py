@@ -306,7 +306,7 @@ def _fake_context(wire, chunk, reps=0):
 
 
 def _fake_baseline(name, geometry, page, batch, ctx, reps=0):
-    return dict(status="ok", median_us=7.0, p10_us=6.5, p90_us=8.0, attention_median_us=7.0)
+    return dict(status="ok", median_us=7.0, p10_us=6.5, p90_us=8.0, attention_median_us=7.0, read_floor_us=2.0)
 
 
 @pytest.fixture
@@ -341,6 +341,7 @@ def test_decode_end_to_end_faked(fake_bench, tmp_path, capsys):
     assert (ours.rows_stored.round(3) == 4.4).all() and (ours.accepted == 3.4).all()
     # the baseline: one layer's attention x 5 layers, labelled
     assert (base.median_us == 35.0).all() and (base.scope == "attention x5").all()
+    assert (base.read_floor_us == 10.0).all()  # the floor of the same five layers' bytes
     assert base.impl_note.str.contains("1 layer measured x 5 layers").all()
     # KV model: concurrency = batch, max ctx = 8k + 16; arena dense, paged by pages
     row = ours[(ours.layout == "paged") & (ours.page_size == 64) & (ours.batch == 8) & (ours.ctx == 2048)].iloc[0]

@@ -291,9 +291,12 @@ def test_host_params_mirror_the_header():
         assert len(params) == len(args._fields_), kernel
         for decl, (name, ctype) in zip(params, args._fields_):
             assert ("*" in decl) == (ctype is cb.ctypes.c_void_p), (kernel, decl, name)
+    # the kernels take the struct's fields as parameters, in its order (packed field by field)
+    header = (CUDA_SRC_DIR / "params.cuh").read_text()
+    macro = header.split("#define DRAFTER_KERNEL_PARAMS", 1)[1].split("\n\n", 1)[0].replace("\\", " ")
+    assert [decl.split()[-1] for decl in macro.split(",")] == _header_fields(CUDA_SRC_DIR / "params.cuh")
     for src in ("drafter_attention.cu", "cute_drafter_attention.cu"):
-        assert "drafter_attention(const __grid_constant__ DrafterParams p)" in \
-            (CUDA_SRC_DIR / src).read_text()
+        assert "drafter_attention(DRAFTER_KERNEL_PARAMS)" in (CUDA_SRC_DIR / src).read_text()
 
 
 @pytest.fixture

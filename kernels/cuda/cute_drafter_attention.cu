@@ -517,7 +517,7 @@ __device__ __forceinline__ void cute_attention_body(
 }
 
 extern "C" __global__ void __launch_bounds__(cute_drafter::kThreads, MIN_CTAS)
-    drafter_attention(const __grid_constant__ DrafterParams p) {
-  cute_attention_body(DRAFTER_PARAMS_ARGS(p));
+    drafter_attention(DRAFTER_KERNEL_PARAMS) {
+  cute_attention_body(DRAFTER_BODY_ARGS);
 }
 #endif  // CUTE_DRAFTER_LAYOUTS_ONLY

@@ -467,7 +467,6 @@ __device__ __forceinline__ void attention_body(
   }
 }
 
-extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS)
-    drafter_attention(const __grid_constant__ DrafterParams p) {
-  attention_body(DRAFTER_PARAMS_ARGS(p));
+extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS) drafter_attention(DRAFTER_KERNEL_PARAMS) {
+  attention_body(DRAFTER_BODY_ARGS);
 }
