@@ -90,22 +90,17 @@ def use_wgmma(params: Params, head_dim: int, warps: int, sm: int) -> bool:
 
 
 def default_params(problem: Problem | None = None, **overrides) -> Params:
-    """Fast-without-tuning defaults, chosen so no default variant spills on sm_90a/100a/103a:
+    """Fast-without-tuning defaults, chosen so no default variant spills on sm_90a/100/103:
     above 8 warps (registers are allocated per 4 warps, so 9 warps get the budget of 12) Q moves
-    to shared memory and key tiles shrink to 32 keys in 4 stages (16 in 6 for 32-token pages):
-    the choices below are the ones ptxas compiles without spills on every target (checked by
-    tests/test_static_profile). 64-key tiles at 9 warps sat at the 168-register limit and spilled
-    on one target or another with any change of how the kernel takes its parameters; 32-key
-    tiles in 4 stages keep as many keys in flight with registers to spare."""
+    to shared memory and key tiles shrink to 16 keys in 6 stages (checked by
+    tests/test_static_profile). At 9 warps, 64-key tiles spill on sm_90a and sm_103 (116-132
+    bytes) and 32-key tiles 32 bytes on sm_90a since the kernels take a page stride; 16-key
+    tiles compile at 144 registers everywhere."""
     base = Params()
     if problem is not None:
         warps = num_warps(problem.geometry.block_size, problem.geometry.group)
         if warps > 8:
-            page = problem.page_size if problem.layout == "paged" else None
-            if page == 32:
-                base = Params(tile_n=16, stages=6, q_smem=True)
-            else:
-                base = Params(tile_n=32, stages=4, q_smem=True)
+            base = Params(tile_n=16, stages=6, q_smem=True)
     return dataclasses.replace(base, **overrides)
 
 

@@ -285,7 +285,7 @@ def test_cupy_runs_on_a_gpu_no_table_knows(monkeypatch, layout):
     below = tuple(s for s in nvrtc.supported_sms() if s <= real_sm)
     monkeypatch.setattr(nvrtc, "supported_sms", lambda: below)
     monkeypatch.setattr(cb, "device_info", lambda index: (num_sms, 999))
-    cb._load.cache_clear()
+    cb._loaded.clear()
     nvrtc._announce.cache_clear()
     registry.get("cupy")._plans.clear()  # a plan holds the module it loaded
     try:
@@ -309,5 +309,5 @@ def test_cupy_runs_on_a_gpu_no_table_knows(monkeypatch, layout):
         rel = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
         assert torch.isfinite(out).all() and rel < 1e-2, rel
     finally:
-        cb._load.cache_clear()  # later tests load modules for the real SM again
+        cb._loaded.clear()  # later tests load modules for the real SM again
         registry.get("cupy")._plans.clear()
