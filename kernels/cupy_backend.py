@@ -3,8 +3,8 @@ NVRTC, loaded through CuPy and launched with the driver's `cuLaunchKernel` on to
 stream, on the torch tensors themselves.
 
 Plan, then run (as FlashInfer splits them): the first call of a shape validates its arguments,
-picks parameters and the split count, loads the variant and packs the kernel arguments (one
-`DrafterParams` struct, kernels/cuda/params.cuh). Every later call of that shape is a dict lookup,
+picks parameters and the split count, loads the variant and packs the kernel arguments (a
+`DrafterParams` struct, kernels/cuda/params.cuh, passed field by field). Every later call of that shape is a dict lookup,
 the pointers and one launch per kernel. Nothing reads a device value, so a step runs under
 ``torch.cuda.set_sync_debug_mode("error")`` and captures into a CUDA graph; data-dependent work
 (which tiles a request reads, where a split starts) is decided on the device from ``ctx_lens``.

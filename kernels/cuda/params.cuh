@@ -1,7 +1,8 @@
-// The one argument of both drafter_attention kernel families (drafter_attention.cu and
-// cute_drafter_attention.cu). The host packs it once per shape (kernels/cupy_backend.py,
-// `DrafterParams`, same field order) and rewrites only the pointers per call, so this struct and
-// that ctypes mirror must change together.
+// The arguments of both drafter_attention kernel families (drafter_attention.cu and
+// cute_drafter_attention.cu), as one struct. The host packs it once per shape
+// (kernels/cupy_backend.py, `DrafterParams`, same field order), rewrites only the pointers per
+// call and passes its fields as the kernels' parameters (DRAFTER_KERNEL_PARAMS below), so this
+// struct, that macro and the ctypes mirror must change together (tests/test_ops.py checks it).
 #pragma once
 #include "common.cuh"
 
