@@ -214,5 +214,10 @@ def test_version_1_database_is_migrated_keeping_its_rows(tmp_path):
     assert merge(tmp_path / "new.db", path)["results"] == 1
     with ProfileDB(path) as db:
         assert db.schema_version() == dbmod.SCHEMA_VERSION
-        (row,) = db.query("SELECT median_us, read_floor_us FROM results")
-        assert row == {"median_us": 12.5, "read_floor_us": None}
+        (row,) = db.query("SELECT id, median_us, read_floor_us FROM results")
+        assert row == {"id": 1, "median_us": 12.5, "read_floor_us": None}
+        # the rebuilt table takes the status version 2 added, and keeps its indexes
+        db.add_result(dict(env_id=eid, candidate_key="d", problem_key={}, impl="cupy", params={},
+                           status="failed_node_lost", reason="node left"))
+        names = {r["name"] for r in db.query("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert {"results_candidate", "results_problem"} <= names

@@ -37,7 +37,7 @@ SCHEMA_NAME = "drafter-attn-profile"
 SCHEMA_VERSION = 2
 
 STATUSES = ("ok", "failed_compile", "failed_runtime", "failed_correctness", "failed_timeout",
-            "unsupported")
+            "unsupported", "failed_node_lost")
 PROVENANCES = ("measured", "predicted")
 
 # Problem key columns, in the order of kernels.spec.Problem.key().
@@ -117,9 +117,24 @@ def _table(name: str, columns, extra: str = "") -> str:
 # Statements that bring a database of version N up to N + 1 (each adds columns only, so rows
 # written by older tuners stay valid; their new columns read NULL: not measured).
 MIGRATIONS = {
-    1: [f"ALTER TABLE results ADD COLUMN {name} REAL"
-        for name in ("read_floor_us", "read_bandwidth_gbs", "read_roofline_fraction", "graph_fixed_us")],
+    # 2: the read-floor and fixed-cost columns, and the status failed_node_lost (a CHECK
+    # constraint: SQLite changes it only by rebuilding the table)
+    1: lambda conn: _rebuild_results(conn),
 }
+
+
+def _rebuild_results(conn) -> None:
+    """Rebuild `results` with this schema's columns and constraints, keeping every row (columns
+    it lacked read NULL) and its ids; inside the caller's transaction."""
+    have = {r[1] for r in conn.execute("PRAGMA table_info(results)")}
+    conn.execute(_table("results_new", (("id", "INTEGER PRIMARY KEY"), *RESULT_COLUMNS)))
+    cols = ", ".join(n for n in ("id", *_names(RESULT_COLUMNS)) if n in have)
+    conn.execute(f"INSERT INTO results_new ({cols}) SELECT {cols} FROM results")
+    conn.execute("DROP TABLE results")
+    conn.execute("ALTER TABLE results_new RENAME TO results")
+    for stmt in SCHEMA:
+        if stmt.startswith("CREATE INDEX") and " ON results " in stmt:
+            conn.execute(stmt)
 
 SCHEMA = [
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -325,8 +340,7 @@ class ProfileDB:
     def _migrate(self, version: int) -> None:
         """Bring an older database up to SCHEMA_VERSION (inside the caller's transaction)."""
         for v in range(version, SCHEMA_VERSION):
-            for stmt in MIGRATIONS[v]:
-                self.conn.execute(stmt)
+            MIGRATIONS[v](self.conn)
         self.conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
     def schema_version(self) -> int:

@@ -66,9 +66,8 @@ class GpuActor:
 
 
 def node_lost_result(node: str, tries: int) -> dict:
-    return dict(status="failed_runtime",
-                reason=f"node lost (failed_node_lost): its node left the cluster while measuring it, "
-                       f"{tries} time(s); last on {node}")
+    return dict(status="failed_node_lost",
+                reason=f"its node left the cluster while measuring it, {tries} time(s); last on {node}")
 
 
 def run_ray_sweep(candidates, db_path, *, address: str | None = None, timeout_s: float = 600,
