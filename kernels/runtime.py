@@ -184,9 +184,7 @@ class Runtime:
         check = contract.check_paged if layout == "paged" else contract.check_arena
         dims = check(*args, mask, window, scale)  # a bad input: ValueError naming the argument
         q = args[0]
-        problem = Problem(Geometry(dims.num_q_heads, dims.num_kv_heads, dims.head_dim, dims.block_size,
-                                   dims.mask, dims.window, 1, str(dims.dtype).removeprefix("torch.")),
-                          layout, dims.page_size, dims.batch, dims.capacity)
+        problem = Problem.from_dims(dims, dims.capacity)
         b = self._bind_on(self._choose(problem, q.device), q.device)
         with self._lock:
             if key is not None:
