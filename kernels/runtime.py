@@ -185,11 +185,10 @@ class Runtime:
         [num_slots, max_ctx, Hkv, D] and slots int32 [B] instead of pages and block table.
 
         Example:
-            >>> rt = Runtime(Dispatcher())
-            >>> lens = ctx_lens.clone()  # the example's own lengths
-            >>> rt.store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, lens)
-            >>> (lens - ctx_lens).tolist()
-            [3, 16]
+            >>> Runtime(Dispatcher()).store_arena(k_new, v_new, num_new, k_arena, v_arena, slots,
+            ...                                   ctx_lens.clone())  # rows 300..315 of request 1
+            >>> torch.equal(k_arena[slots[1], 300:316], k_new[1])
+            True
         """
         b = self._store_binding("arena", k_new, k_arena, slots,
                                 (k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens))
