@@ -133,41 +133,63 @@ def build_parser() -> argparse.ArgumentParser:
 # decode / prefill
 
 
-def cmd_measure(args, argv) -> int:
-    import torch
-    from rich.console import Console
-    from rich.markup import escape
+def _measure_plan(args, geometry, label: str):
+    """The steps `bench decode` or `bench prefill` measures, planned from the options."""
+    from drafter_attn.bench import decode
 
-    from drafter_attn.bench import decode, gpu as gpu_mod, output
-    from drafter_attn.tuner.db import ProfileDB, SchemaError
-
-    command = f"bench {args.command}"
-    geometry, label = opt.geometry_from_args(args)
     preset = None if label.startswith("custom:") else label
     impls = [s.strip() for s in args.impl.split(",") if s.strip()]
     if args.command == "decode":
-        p = decode.plan("decode", geometry, label, preset, pages=args.page, batches=args.batch,
-                        ctxs=args.ctx, impls=impls, accepted=args.accepted,
-                        context_chunks=args.context_chunk, baseline=args.baseline, reps=args.reps,
-                        nsys=args.nsys, concurrency=args.concurrency, max_ctx=args.max_ctx)
-    else:
-        p = decode.plan("prefill", geometry, label, preset, pages=args.page, batches=args.batch,
-                        ctxs=args.ctx, impls=impls, context_chunks=args.chunk, decode=False,
-                        baseline="none", reps=args.reps, concurrency=args.concurrency, max_ctx=args.max_ctx)
+        return decode.plan("decode", geometry, label, preset, pages=args.page, batches=args.batch,
+                           ctxs=args.ctx, impls=impls, accepted=args.accepted,
+                           context_chunks=args.context_chunk, baseline=args.baseline, reps=args.reps,
+                           nsys=args.nsys, concurrency=args.concurrency, max_ctx=args.max_ctx)
+    return decode.plan("prefill", geometry, label, preset, pages=args.page, batches=args.batch,
+                       ctxs=args.ctx, impls=impls, context_chunks=args.chunk, decode=False,
+                       baseline="none", reps=args.reps, concurrency=args.concurrency, max_ctx=args.max_ctx)
+
+
+def _select_gpu(args, command: str):
+    """The GPU asked for (--sm), made the current CUDA device."""
+    import torch
+
+    from drafter_attn.bench import gpu as gpu_mod
+
     gpu = gpu_mod.require_gpu(args.sm, command, db_path=args.db)
     if torch.cuda.is_available():
         torch.cuda.set_device(gpu.index)
-    out = _out_dir(command, decode.results_dir(gpu.sm) if args.out is None else args.out)
+    return gpu
+
+
+def _open_db(args, command: str):
+    from drafter_attn.tuner.db import ProfileDB, SchemaError
+
     try:
-        db = ProfileDB(args.db)
+        return ProfileDB(args.db)
     except SchemaError as exc:
         raise BenchError(f"{command}: {exc}") from None
+
+
+def _measure_console(args):
+    """A rich console and an `echo` that prints plain text (a reason like "[at x.cu:12]" is not markup)."""
+    from rich.console import Console
+    from rich.markup import escape
+
     console = Console()
     if not console.is_terminal:
         console = Console(width=220 if args.wide else 120)
 
-    def echo(text: str) -> None:  # plain text: a reason like "[at x.cu:12]" is not markup
+    def echo(text: str) -> None:
         console.print(escape(text), soft_wrap=True)
+
+    return console, echo
+
+
+def _run_plan(p, db, gpu, command: str, label: str, geometry, console, echo):
+    """Announce the run, measure every step into the database (closed after); (env, rows)."""
+    from rich.markup import escape
+
+    from drafter_attn.bench import decode
 
     try:
         env = decode.gpu_environment(gpu)
@@ -178,11 +200,15 @@ def cmd_measure(args, argv) -> int:
         echo(f"recording into {db.path}")
         for note in p.notes:
             echo(note)
-        rows = decode.execute(p, db, env, echo=echo)
+        return env, decode.execute(p, db, env, echo=echo)
     finally:
         db.close()
-    meta = decode.run_metadata(env, argv)
-    title = f"{command}: {label} on {gpu.name} (SM {gpu.sm}), {meta['date'][:10]}"
+
+
+def _print_results(rows, title: str, args, console, echo) -> list[str]:
+    """The table, the summary lines (returned) and a warning for rows with host syncs."""
+    from drafter_attn.bench import decode, output
+
     output.print_table(rows, title, console, wide=args.wide)
     summary = decode.summary_lines(rows)
     for line in summary:
@@ -190,12 +216,24 @@ def cmd_measure(args, argv) -> int:
     syncing = [r for r in rows if r.get("syncs")]
     if syncing:
         console.print(f"[red]{len(syncing)} row(s) with blocking host syncs inside the step[/] (see the syncs columns)")
-    stem = args.command
+    return summary
+
+
+def _write_results(rows, meta: dict, p, summary, title: str, out: Path, stem: str, echo) -> None:
+    """<stem>.csv, <stem>.json and (when a row measured ok) <stem>.png under out."""
+    from drafter_attn.bench import output
+
     output.write_csv(rows, out / f"{stem}.csv")
     output.write_json(rows, meta, p.settings(), out / f"{stem}.json", summary)
     plotted = output.plot(rows, out / f"{stem}.png", title)
     echo(f"wrote {out / (stem + '.csv')}, {out / (stem + '.json')}"
          + (f", {out / (stem + '.png')}" if plotted else " (no plot: no row measured ok)"))
+
+
+def _measure_exit_status(rows, p, console) -> int:
+    """130 interrupted, 1 when a measurement failed, else 0; each said on the console."""
+    from drafter_attn.bench import decode
+
     bad = decode.failed(rows)
     if bad:
         console.print(f"[red]{len(bad)} of {len(rows)} measurements failed[/] (status and reason in the table and CSV)")
@@ -203,6 +241,24 @@ def cmd_measure(args, argv) -> int:
         console.print(f"[yellow]interrupted[/]: {len(rows)} of {p.total} rows measured (all of them recorded and written)")
         return 130
     return 1 if bad else 0
+
+
+def cmd_measure(args, argv) -> int:
+    from drafter_attn.bench import decode
+
+    command = f"bench {args.command}"
+    geometry, label = opt.geometry_from_args(args)
+    p = _measure_plan(args, geometry, label)
+    gpu = _select_gpu(args, command)
+    out = _out_dir(command, decode.results_dir(gpu.sm) if args.out is None else args.out)
+    db = _open_db(args, command)
+    console, echo = _measure_console(args)
+    env, rows = _run_plan(p, db, gpu, command, label, geometry, console, echo)
+    meta = decode.run_metadata(env, argv)
+    title = f"{command}: {label} on {gpu.name} (SM {gpu.sm}), {meta['date'][:10]}"
+    summary = _print_results(rows, title, args, console, echo)
+    _write_results(rows, meta, p, summary, title, out, args.command, echo)
+    return _measure_exit_status(rows, p, console)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import torch
 
 from drafter_attn.kernels import contract
 from drafter_attn.kernels.nvrtc import compile_for_device
-from drafter_attn.kernels.spec import Geometry, Problem
+from drafter_attn.kernels.spec import Problem
 
 SOURCE = "drafter_attention.cu"
 HEAD_DIMS = (64, 128)
@@ -550,8 +550,8 @@ class CupyBackend:
         plan.run(*args)
 
     # planning ------------------------------------------------------------------------------
-    def _params(self, dims, layout: str):
-        problem = _problem(dims, layout)
+    def _params(self, dims):
+        problem = Problem.from_dims(dims, 0)
         params = self.params_for(problem)
         reason = self.family.supports(problem, params)
         if reason:
@@ -574,7 +574,7 @@ class CupyBackend:
         _check_kernel_inputs(q, k_cache, v_cache)
         if out is not None:
             contract.check_out(out, q)
-        p = self._params(dims, layout)
+        p = self._params(dims)
         index = _index(q.device)
         mod = self.family.module_for(index, q.dtype, dims.head_dim, dims.page_size,
                                      dims.block_size, dims.group, p)
@@ -656,12 +656,6 @@ def loc_stride(cache: torch.Tensor, page_size: int | None) -> int:
 
 def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
-
-
-def _problem(dims, layout: str) -> Problem:
-    geom = Geometry(dims.num_q_heads, dims.num_kv_heads, dims.head_dim, dims.block_size,
-                    dims.mask, dims.window, 1, str(dims.dtype).removeprefix("torch."))
-    return Problem(geom, layout, dims.page_size, dims.batch, 0)
 
 
 BACKEND = CupyBackend()

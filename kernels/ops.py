@@ -150,7 +150,28 @@ def _(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens, backend=""):
 
 def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *, mask="full",
                     window=None, scale=None, out=None, backend=""):
-    """`torch.ops.drafter_attn.paged_attention`, or its `_out` form when `out` is given."""
+    """`torch.ops.drafter_attn.paged_attention`, or its `_out` form when `out` is given.
+
+    Args (as `kernels.reference.paged_attention`):
+        q: [B, Qb, Hq, D]; bfloat16, float16 or float32.
+        k_blk, v_blk: [B, Qb, Hkv, D], q's dtype; Hq % Hkv == 0.
+        k_pages, v_pages: [num_pages, Hkv, page_size, D], q's dtype.
+        block_table: int32 [B, max_pages]; ctx_lens: int32 [B].
+        mask, window, scale: "full" / "sliding" / "sliding_causal", its window, None = D ** -0.5.
+        out: an optional [B, Qb, Hq, D] buffer in q's dtype, written and returned.
+        backend: a `registry.from_spec` string; "" is the device's default (reference on the
+            CPU, cupy on CUDA).
+
+    Returns:
+        [B, Qb, Hq, D] in q's dtype (`out` when given). Bad arguments raise ValueError naming
+        the argument.
+
+    Example:
+        >>> out = torch.empty_like(q)
+        >>> paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens,
+        ...                 out=out) is out
+        True
+    """
     args = (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask, window, scale, backend)
     if out is None:
         return torch.ops.drafter_attn.paged_attention(*args)
@@ -160,7 +181,16 @@ def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
 
 def arena_attention(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *, mask="full",
                     window=None, scale=None, out=None, backend=""):
-    """`torch.ops.drafter_attn.arena_attention`, or its `_out` form when `out` is given."""
+    """`torch.ops.drafter_attn.arena_attention`, or its `_out` form when `out` is given.
+
+    As `paged_attention`, with k_arena, v_arena [num_slots, max_ctx, Hkv, D] and slots int32
+    [B] instead of pages and block table. Returns [B, Qb, Hq, D] in q's dtype.
+
+    Example:
+        >>> arena_attention(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens,
+        ...                 mask="sliding_causal", window=128, backend="reference").shape
+        torch.Size([2, 16, 32, 128])
+    """
     args = (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, mask, window, scale, backend)
     if out is None:
         return torch.ops.drafter_attn.arena_attention(*args)
@@ -169,10 +199,33 @@ def arena_attention(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *, mask=
 
 
 def store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens, *, backend=""):
+    """`torch.ops.drafter_attn.store_paged`: the context store into pages, in place.
+
+    Args (as `kernels.reference.store_paged`):
+        k_new, v_new: [B, T, Hkv, D] new rows; num_new: int32 [B], rows j < num_new[b] are kept.
+        k_pages, v_pages: [num_pages, Hkv, page_size, D], k_new's dtype; written in place.
+        block_table: int32 [B, max_pages]; ctx_lens: int32 [B], advanced by num_new in place.
+        backend: as in `paged_attention`.
+
+    Example:
+        >>> lens = ctx_lens.clone()  # the example's own lengths
+        >>> store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, lens)
+        >>> (lens - ctx_lens).tolist()
+        [3, 16]
+    """
     torch.ops.drafter_attn.store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table,
                                        ctx_lens, backend)
 
 
 def store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens, *, backend=""):
+    """`torch.ops.drafter_attn.store_arena`: as `store_paged`, into k_arena, v_arena
+    [num_slots, max_ctx, Hkv, D] at each request's slot (slots int32 [B]).
+
+    Example:
+        >>> lens = ctx_lens.clone()  # the example's own lengths
+        >>> store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, lens)
+        >>> (lens - ctx_lens).tolist()
+        [3, 16]
+    """
     torch.ops.drafter_attn.store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens,
                                        backend)

@@ -19,33 +19,51 @@ from drafter_attn.kernels.spec import Problem
 
 @runtime_checkable
 class Backend(Protocol):
-    """What every backend offers. The four functions keep the signatures of `kernels.reference`."""
+    """What every backend offers. The four functions keep the signatures of `kernels.reference`.
+
+    Example:
+        >>> isinstance(get("reference"), Backend)
+        True
+    """
 
     name: str
     # Optional: the tensor device types the backend runs on (default: ("cuda",)); the runtime
     # sends tensors elsewhere to the reference.
 
     def paged_attention(self, q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
-                        mask="full", window=None, scale=None): ...
+                        mask="full", window=None, scale=None):
+        """Block attention over a paged context: q [B, Qb, Hq, D], k_blk/v_blk [B, Qb, Hkv, D],
+        k_pages/v_pages [num_pages, Hkv, page_size, D], block_table and ctx_lens int32; returns
+        [B, Qb, Hq, D] in q's dtype (`kernels.reference.paged_attention`)."""
 
     def arena_attention(self, q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *,
-                        mask="full", window=None, scale=None): ...
+                        mask="full", window=None, scale=None):
+        """Block attention over an arena context: k_arena/v_arena [num_slots, max_ctx, Hkv, D]
+        and slots int32 [B] in place of pages and table (`kernels.reference.arena_attention`)."""
 
-    def store_paged(self, k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens) -> None: ...
+    def store_paged(self, k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens) -> None:
+        """Write rows j < num_new[b] of k_new/v_new [B, T, Hkv, D] into the pages at ctx_lens[b] + j,
+        then advance ctx_lens by num_new, all in place (`kernels.reference.store_paged`)."""
 
-    def store_arena(self, k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens) -> None: ...
+    def store_arena(self, k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens) -> None:
+        """As `store_paged`, into the arena row `slots[b]` of each request
+        (`kernels.reference.store_arena`)."""
 
     def supports(self, problem: Problem) -> str | None:
-        """None when the backend can run `problem`, else the reason it cannot."""
+        """None when the backend can run `problem` (a `kernels.spec.Problem`), else the reason
+        it cannot, e.g. an unsupported head_dim."""
 
     def tunables(self, problem: Problem) -> dict[str, list]:
-        """The tunable parameter space for `problem`: parameter name -> candidate values."""
+        """The tunable parameter space for `problem` (None: any problem): parameter name ->
+        candidate values, e.g. {"tile_n": [16, 32, 64]}; {} when nothing is tuned."""
 
     def default_params(self, problem: Problem) -> dict:
-        """Parameters to use for `problem` when no tuned value is known."""
+        """Parameters to use for `problem` (None: any problem) when no tuned value is known,
+        as a dict of name -> value."""
 
     def with_params(self, **params) -> Backend:
-        """This backend bound to the given parameters."""
+        """This backend bound to the given parameters (names from `tunables`); ValueError for
+        a parameter it does not have. Call it through `bind`, which checks the values first."""
 
 
 class ReferenceBackend:
@@ -84,9 +102,21 @@ _BUILT: dict[str, Backend] = {}
 
 def register(name: str, factory: Callable[[], Backend] | str, *, extra: str | None = None,
              replace: bool = False) -> None:
-    """Register a backend. `factory` is a zero-argument callable returning the backend, or an
-    import path "module:attr" naming a backend object (or a zero-argument factory), resolved on
-    first `get`. `extra` says what to install when importing it fails."""
+    """Register a backend under `name`, built on its first `get`.
+
+    Args:
+        name: the registry name (what `get`, `from_spec` and sweep specs use).
+        factory: a zero-argument callable returning the backend, or an import path
+            "module:attr" naming a backend object (or a zero-argument factory).
+        extra: what to install when building it fails (said in `BackendUnavailable`).
+        replace: replace a backend already registered as `name` (else ValueError).
+
+    Example:
+        >>> register("mine", ReferenceBackend)
+        >>> get("mine").name
+        'reference'
+        >>> unregister("mine")
+    """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     if isinstance(factory, str):
@@ -124,7 +154,15 @@ def _build(name: str, factory) -> Backend:
 
 
 def get(name: str) -> Backend:
-    """The backend registered as `name`, built on first use."""
+    """The backend registered as `name`, built on first use and cached.
+
+    Raises ValueError for an unknown name, `BackendUnavailable` when it cannot be built here
+    (the message says what to install).
+
+    Example:
+        >>> get("reference").supports(None) is None  # the reference runs every problem
+        True
+    """
     if name in _BUILT:
         return _BUILT[name]
     if name not in _FACTORIES:
@@ -205,7 +243,19 @@ def _check_value(backend_name: str, name: str, value, types_, default, values):
 def check_params(backend, params: dict) -> dict:
     """`params` checked against `backend`'s parameters: known names, types (int, bool, None
     where allowed: nothing else ever reaches a compiler) and ranges; returns them normalised
-    (0/1 as bools). Raises ValueError naming the parameter."""
+    (0/1 as bools). Raises ValueError naming the parameter.
+
+    Args:
+        backend: a Backend (its parameters come from `param_schema`).
+        params: name -> value, e.g. from `parse_spec`.
+
+    Example:
+        >>> check_params(get("reference"), {})
+        {}
+        >>> check_params(get("reference"), {"tile_n": 32})
+        Traceback (most recent call last):
+        ValueError: unknown reference params ['tile_n']; backend 'reference' has no tunable parameters
+    """
     name = getattr(backend, "name", type(backend).__name__)
     schema = param_schema(backend)
     unknown = sorted(set(params) - set(schema))
@@ -235,7 +285,13 @@ def _value(text: str):
 
 def parse_spec(spec: str) -> tuple[str, dict]:
     """(name, params) of a backend spec: `"cupy"`, `"cupy:tile_n=32,stages=4"`, `"cutlass:wgmma=1"`
-    (values: integers, true/false, none)."""
+    (values: integers, true/false, none). Nothing is checked against the backend here
+    (`from_spec` does); an item without "=" raises ValueError.
+
+    Example:
+        >>> parse_spec("cupy:tile_n=32,stages=4,wgmma=true")
+        ('cupy', {'tile_n': 32, 'stages': 4, 'wgmma': True})
+    """
     name, _, params = spec.partition(":")
     kv = {}
     for item in filter(None, (part.strip() for part in params.split(","))):
@@ -247,7 +303,13 @@ def parse_spec(spec: str) -> tuple[str, dict]:
 
 
 def from_spec(spec: str) -> Backend:
-    """A backend from a spec (see parse_spec), bound to its checked parameters."""
+    """A backend from a spec (see parse_spec), bound to its checked parameters (ValueError
+    naming a bad one; `BackendUnavailable` when the backend cannot be built here).
+
+    Example:
+        >>> from_spec("reference").name
+        'reference'
+    """
     name, kv = parse_spec(spec)
     return bind(get(name), kv)
 

@@ -50,6 +50,27 @@ class Runtime:
 
     def __init__(self, table=None, *, sm: int | None = None, include_predicted: bool = False,
                  geometry: Geometry | None = None):
+        """Load the tuned picks once; no kernel is built until a shape is first called.
+
+        Args:
+            table: where the picks come from: a path (str or Path) to a tuned table (JSON) or a
+                profile database; a `Dispatcher`; or None: $DRAFTER_TUNED_TABLE, else
+                $DRAFTER_DB, else the table (else the database) shipped for the GPU's SM, else
+                the default heuristic. A table that cannot be used warns once (RuntimeWarning)
+                and the default heuristic answers; the error stays in `self.table_error`.
+                Entries measured on another GPU or with other kernel sources are misses (one
+                warning for them all).
+            sm: the GPU's SM, e.g. 90 (default: read once per CUDA device from the tensors'
+                device; CPU tensors without `sm` run the torch reference).
+            include_predicted: also use a table's predicted (not measured) entries.
+            geometry: the drafter's `Geometry`, when known: the context stores then use a tuned
+                pick from the first step instead of following the last attention's backend.
+
+        Example (CPU tensors: the torch reference runs them):
+            >>> rt = Runtime(Dispatcher())  # the default heuristic, no table
+            >>> rt.table_error is None
+            True
+        """
         self.sm = sm
         self.geometry = geometry
         self.table_error: Exception | None = None
@@ -81,28 +102,94 @@ class Runtime:
     # -- introspection ---------------------------------------------------------------------
     @property
     def picks(self) -> dict[tuple, Pick]:
-        """Every pick made so far, by call key."""
+        """Every pick made so far, by call key: {key: Pick}, one per attention or store shape.
+
+        A key holds the layout, device, dtype and shapes (the cache's capacity, never its
+        contents); a `Pick` says the implementation (`impl`), its `params`, the `tier` that
+        chose it (tuned table, database or default) and why (`reason`).
+
+        Example:
+            >>> rt = Runtime(Dispatcher())
+            >>> _ = rt.arena_attention(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens)
+            >>> [pick.impl for pick in rt.picks.values()]
+            ['reference']
+        """
         return {k: b.pick for k, b in self._bound.items()}
 
     # -- the contract ----------------------------------------------------------------------
     def paged_attention(self, q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
                         mask="full", window=None, scale=None):
+        """Block attention over a paged context, run by the pick for these shapes.
+
+        Arguments and result as `kernels.reference.paged_attention`: q [B, Qb, Hq, D]; k_blk,
+        v_blk [B, Qb, Hkv, D]; k_pages, v_pages [num_pages, Hkv, page_size, D] (one dtype:
+        bfloat16, float16 or float32); block_table int32 [B, max_pages]; ctx_lens int32 [B];
+        mask "full", "sliding" or "sliding_causal" with `window`; scale (None: D ** -0.5).
+        Returns [B, Qb, Hq, D] in q's dtype.
+
+        The pick is made on the first call of a shape key (shapes, dtypes and device only; the
+        context bucket is the cache capacity max_pages * page_size), then reused; the host is
+        never synced. Bad arguments raise ValueError naming the argument (kernels.contract)
+        before any kernel runs.
+
+        Example:
+            >>> rt = Runtime(Dispatcher())
+            >>> rt.paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens,
+            ...                    mask="sliding", window=64).shape
+            torch.Size([2, 16, 32, 128])
+        """
         args = (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens)
         b = self._attention_binding("paged", args, mask, window, scale)
         return b.backend.paged_attention(*args, mask=mask, window=window, scale=scale)
 
     def arena_attention(self, q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *,
                         mask="full", window=None, scale=None):
+        """Block attention over an arena context, run by the pick for these shapes.
+
+        As `paged_attention`, with k_arena, v_arena [num_slots, max_ctx, Hkv, D] and slots
+        int32 [B] (each request's row of the arena) instead of pages and block table; the
+        context bucket is max_ctx. Returns [B, Qb, Hq, D] in q's dtype.
+
+        Example:
+            >>> rt = Runtime(Dispatcher())
+            >>> rt.arena_attention(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens).dtype
+            torch.bfloat16
+        """
         args = (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens)
         b = self._attention_binding("arena", args, mask, window, scale)
         return b.backend.arena_attention(*args, mask=mask, window=window, scale=scale)
 
     def store_paged(self, k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens) -> None:
+        """Context store into pages, in place: rows j < num_new[b] go to positions
+        ctx_lens[b] + j, then ctx_lens += num_new (on the device; the host reads no count).
+
+        Args as `kernels.reference.store_paged`: k_new, v_new [B, T, Hkv, D]; num_new int32
+        [B] in [0, T]; k_pages, v_pages [num_pages, Hkv, page_size, D], same dtype; block_table
+        int32 [B, max_pages] covering ctx_lens + num_new; ctx_lens int32 [B]. The backend is
+        the tuned pick for the store when the Runtime has a `geometry`, else the one of the last
+        attention picked for this cache (before any: the pick for the cache's own shapes).
+
+        Example:
+            >>> rt = Runtime(Dispatcher())
+            >>> lens = ctx_lens.clone()  # the example's own lengths
+            >>> rt.store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, lens)
+            >>> (lens - ctx_lens).tolist()
+            [3, 16]
+        """
         b = self._store_binding("paged", k_new, k_pages, block_table,
                                 (k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens))
         b.backend.store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens)
 
     def store_arena(self, k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens) -> None:
+        """Context store into the arena, in place: as `store_paged`, with k_arena, v_arena
+        [num_slots, max_ctx, Hkv, D] and slots int32 [B] instead of pages and block table.
+
+        Example:
+            >>> Runtime(Dispatcher()).store_arena(k_new, v_new, num_new, k_arena, v_arena, slots,
+            ...                                   ctx_lens.clone())  # rows 300..315 of request 1
+            >>> torch.equal(k_arena[slots[1], 300:316], k_new[1])
+            True
+        """
         b = self._store_binding("arena", k_new, k_arena, slots,
                                 (k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens))
         b.backend.store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens)
@@ -184,9 +271,7 @@ class Runtime:
         check = contract.check_paged if layout == "paged" else contract.check_arena
         dims = check(*args, mask, window, scale)  # a bad input: ValueError naming the argument
         q = args[0]
-        problem = Problem(Geometry(dims.num_q_heads, dims.num_kv_heads, dims.head_dim, dims.block_size,
-                                   dims.mask, dims.window, 1, str(dims.dtype).removeprefix("torch.")),
-                          layout, dims.page_size, dims.batch, dims.capacity)
+        problem = Problem.from_dims(dims, dims.capacity)
         b = self._bind_on(self._choose(problem, q.device), q.device)
         with self._lock:
             if key is not None:

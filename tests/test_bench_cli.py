@@ -309,28 +309,52 @@ def _fake_baseline(name, geometry, page, batch, ctx, reps=0):
     return dict(status="ok", median_us=7.0, p10_us=6.5, p90_us=8.0, attention_median_us=7.0, read_floor_us=2.0)
 
 
-@pytest.fixture
-def fake_bench(monkeypatch):
+def _apply_fakes(mp) -> None:
+    """The GPU, its environment, the measurements and FlashInfer faked on `mp` (a MonkeyPatch)."""
     from drafter_attn.kernels import baselines
 
-    monkeypatch.setattr(gpu, "probe", lambda: [H200])
-    monkeypatch.setattr(decode, "gpu_environment", _fake_env)
-    monkeypatch.setattr(decode, "default_measures", lambda: (_fake_decode, _fake_context, _fake_baseline))
-    monkeypatch.setattr(baselines, "flashinfer_available", lambda: True)
-    monkeypatch.delenv("DRAFTER_TUNED_TABLE", raising=False)
+    mp.setattr(gpu, "probe", lambda: [H200])
+    mp.setattr(decode, "gpu_environment", _fake_env)
+    mp.setattr(decode, "default_measures", lambda: (_fake_decode, _fake_context, _fake_baseline))
+    mp.setattr(baselines, "flashinfer_available", lambda: True)
+    mp.delenv("DRAFTER_TUNED_TABLE", raising=False)
 
 
-def test_decode_end_to_end_faked(fake_bench, tmp_path, capsys):
-    db, out = tmp_path / "p.db", tmp_path / "out"
+@pytest.fixture
+def fake_bench(monkeypatch):
+    _apply_fakes(monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def faked_decode(tmp_path_factory):
+    """One faked `bench decode` (pages 64 and 128, batches 1 and 8, contexts 2k and 8k), run once for
+    the tests below: its exit status, console text, database, results folder and CSV."""
+    import contextlib
+    import io
+
+    tmp = tmp_path_factory.mktemp("faked_decode")
+    db, out = tmp / "p.db", tmp / "out"
     argv = ["decode", "--sm", "90", "--page", "64,128", "--batch", "1,8", "--ctx", "2k,8k", "--accepted", "3.4",
             "--db", str(db), "--out", str(out)]
-    assert cli.main(argv) == 0
-    text = capsys.readouterr().out
-    assert f"impl picked: cupy (auto: kernels.dispatch over {db}, tier default)" in text
+    stdout = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(stdout):
+        _apply_fakes(mp)
+        rc = cli.main(argv)
+    df = pd.read_csv(out / "decode.csv") if (out / "decode.csv").exists() else None
+    return types.SimpleNamespace(rc=rc, text=stdout.getvalue(), db=db, out=out, df=df)
+
+
+def test_decode_faked_console_output(faked_decode):
+    assert faked_decode.rc == 0
+    text = faked_decode.text
+    assert f"impl picked: cupy (auto: kernels.dispatch over {faked_decode.db}, tier default)" in text
     assert "paged over arena median +0.50%" in text
     for name in ("decode.csv", "decode.json", "decode.png"):
-        assert (out / name).stat().st_size > 0
-    df = pd.read_csv(out / "decode.csv")
+        assert (faked_decode.out / name).stat().st_size > 0
+
+
+def test_decode_faked_csv_rows(faked_decode):
+    df = faked_decode.df
     ours = df[df.impl == "cupy"]
     base = df[df.impl == "flashinfer-fa2"]
     assert len(ours) == 2 * 2 * 3 and len(base) == 2 * 2 * 2
@@ -339,35 +363,55 @@ def test_decode_end_to_end_faked(fake_bench, tmp_path, capsys):
     assert paged.overhead_pct.round(6).eq(0.5).all()
     assert ours[ours.layout == "arena"].overhead_pct.isna().all()
     assert (ours.rows_stored.round(3) == 4.4).all() and (ours.accepted == 3.4).all()
+
+
+def test_decode_faked_csv_baseline_is_one_layer_times_layers(faked_decode):
+    df = faked_decode.df
+    base = df[df.impl == "flashinfer-fa2"]
     # the baseline: one layer's attention x 5 layers, labelled
     assert (base.median_us == 35.0).all() and (base.scope == "attention x5").all()
     assert (base.read_floor_us == 10.0).all()  # the floor of the same five layers' bytes
     assert base.impl_note.str.contains("1 layer measured x 5 layers").all()
+
+
+def test_decode_faked_csv_kv_memory_model(faked_decode):
+    df = faked_decode.df
+    ours = df[df.impl == "cupy"]
     # KV model: concurrency = batch, max ctx = 8k + 16; arena dense, paged by pages
     row = ours[(ours.layout == "paged") & (ours.page_size == 64) & (ours.batch == 8) & (ours.ctx == 2048)].iloc[0]
     assert row.kv_max_ctx == 8192 + 16
     assert row.kv_arena_model_bytes == 8 * (8192 + 16) * 20480
     assert row.kv_model_bytes == 8 * 33 * 64 * 20480 + 8 * 129 * 4  # ceil(2064/64)=33, ceil(8208/64)=129
-    doc = json.loads((out / "decode.json").read_text())
+
+
+def test_decode_faked_json(faked_decode):
+    doc = json.loads((faked_decode.out / "decode.json").read_text())
     env = doc["environment"]
     assert env["gpu_name"] == "NVIDIA H200" and env["sm"] == 90 and env["driver"] == "580.95"
     assert env["command"].startswith("bench decode --sm 90 --page 64,128") and env["commit"]
     assert doc["settings"]["rows_stored"] == pytest.approx(4.4)
-    assert len(doc["rows"]) == len(df)
-    with ProfileDB(db, create=False) as pdb:
+    assert len(doc["rows"]) == len(faked_decode.df)
+
+
+def test_decode_faked_database_rows(faked_decode):
+    with ProfileDB(faked_decode.db, create=False) as pdb:
         rows = pdb.query("SELECT impl, layout, num_layers, accepted, sweep_id, worker FROM results")
-    assert len(rows) == len(df)
+    assert len(rows) == len(faked_decode.df)
     assert {r["worker"] for r in rows} == {"bench"} and all(r["sweep_id"].startswith("bench-decode-") for r in rows)
     assert {r["num_layers"] for r in rows if r["impl"] == "flashinfer-fa2"} == {1}
-    with ProfileDB(db, create=False) as pdb:
+    assert {round(r["accepted"], 3) for r in rows if r["impl"] == "cupy"} == {4.4}
+
+
+def test_decode_faked_database_baseline_has_no_step_latency(faked_decode):
+    with ProfileDB(faked_decode.db, create=False) as pdb:
         base_db = pdb.query("SELECT median_us, attention_median_us, reason FROM results WHERE impl = 'flashinfer-fa2'")
     # no step latency for the baseline (dispatch ranks by it): its one layer is in attention_*
     assert all(r["median_us"] is None and r["attention_median_us"] == 7.0 for r in base_db)
     assert "one layer's attention only" in base_db[0]["reason"]
-    assert {round(r["accepted"], 3) for r in rows if r["impl"] == "cupy"} == {4.4}
 
-    # bench report from that database
-    rep = tmp_path / "rep"
+
+def test_report_from_faked_decode(faked_decode, fake_bench, tmp_path, capsys):
+    db, rep = faked_decode.db, tmp_path / "rep"
     assert cli.main(["report", "--db", str(db), "--out", str(rep)]) == 0
     md = (rep / "report.md").read_text()
     assert "## SM 90, NVIDIA H200: qwen3-8b-dflash-b16" in md
@@ -376,7 +420,11 @@ def test_decode_end_to_end_faked(fake_bench, tmp_path, capsys):
     assert (rep / "report-sm90-qwen3-8b-dflash-b16.png").stat().st_size > 0
     assert _err(capsys, ["report", "--db", str(db), "--sm", "100"]).count("no measured (ok) results for SM 100") == 1
 
+
+def test_report_sections_per_geometry(faked_decode, fake_bench, tmp_path):
     # a sliding-window preset and a custom geometry in the same database: sections of their own
+    db, rep = tmp_path / "p.db", tmp_path / "rep"
+    db.write_bytes(faked_decode.db.read_bytes())  # a copy: the shared database stays as decoded
     for extra in (["--preset", "dflash2-w2048"], ["--heads", "16/4", "--layers", "2"]):
         assert cli.main(["decode", *extra, "--batch", "1", "--ctx", "2k", "--page", "64", "--db", str(db),
                          "--out", str(tmp_path / "out2")]) == 0

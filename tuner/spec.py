@@ -261,23 +261,33 @@ def _param_sets(source, backend, table) -> list[dict]:
     return sets
 
 
-def parse_spec(data: dict, source: str = "<spec>") -> SweepSpec:
-    """Validate a parsed TOML document into a SweepSpec."""
-    from drafter_attn.kernels import registry
-
+def _sweep_table(data: dict, source: str) -> dict:
+    """The [sweep] table, with the top level and its own keys checked."""
     _check_keys(source, "<top level>", data, ("sweep", "params"))
     if "sweep" not in data:
         _fail(source, "sweep", "missing table [sweep]")
     sw = data["sweep"]
     _check_keys(source, "sweep", sw, SWEEP_KEYS)
+    return sw
 
+
+def _spec_name(sw: dict, source: str) -> str:
     name = sw.get("name", Path(source).stem)
     if not isinstance(name, str):
         _fail(source, "sweep.name", f"expected a string, got {name!r}")
+    return name
+
+
+def _spec_backends(sw: dict, source: str) -> list[str]:
+    from drafter_attn.kernels import registry
+
     if "backends" not in sw:
         _fail(source, "sweep.backends", "missing; name at least one backend")
-    backends = _str_list(source, "sweep.backends", sw["backends"], registry.names())
+    return _str_list(source, "sweep.backends", sw["backends"], registry.names())
 
+
+def _spec_geometries(sw: dict, source: str) -> dict[str, Geometry]:
+    """The presets, then the custom [[sweep.geometries]], by name; at least one."""
     geometries: dict[str, Geometry] = {}
     if "presets" in sw:
         for n in _str_list(source, "sweep.presets", sw["presets"], list(PRESETS)):
@@ -292,7 +302,11 @@ def parse_spec(data: dict, source: str = "<spec>") -> SweepSpec:
             geometries[gname] = geom
     if not geometries:
         _fail(source, "sweep.presets", "no geometry: give sweep.presets or [[sweep.geometries]]")
+    return geometries
 
+
+def _spec_layouts(sw: dict, source: str) -> tuple[list[int], bool]:
+    """(page sizes, arena); at least one cache layout."""
     page_sizes = []
     if "page_sizes" in sw:
         page_sizes = _int_list(source, "sweep.page_sizes", sw["page_sizes"], power_of_two=True,
@@ -302,7 +316,11 @@ def parse_spec(data: dict, source: str = "<spec>") -> SweepSpec:
         _fail(source, "sweep.arena", f"expected true or false, got {arena!r}")
     if not page_sizes and not arena:
         _fail(source, "sweep.page_sizes", "no cache layout: give page sizes and/or arena = true")
+    return page_sizes, arena
 
+
+def _spec_shapes(sw: dict, source: str) -> tuple[list[int], list[int], list[str] | None, list]:
+    """(batches, ctx_lens, dtypes, masks); dtypes None and masks [None] mean the geometry's own."""
     for key in ("batches", "ctx_lens"):
         if key not in sw:
             _fail(source, f"sweep.{key}", "missing")
@@ -313,7 +331,11 @@ def parse_spec(data: dict, source: str = "<spec>") -> SweepSpec:
     if "masks" in sw:
         masks = [_parse_mask(source, f"sweep.masks[{i}]", m)
                  for i, m in enumerate(_str_list(source, "sweep.masks", sw["masks"]))]
+    return batches, ctx_lens, dtypes, masks
 
+
+def _spec_run_options(sw: dict, source: str) -> tuple[float | None, float, int, bool]:
+    """(accepted, timeout_s, reps, nsys), with their defaults."""
     accepted = sw.get("accepted")
     if accepted is not None and (isinstance(accepted, bool) or not isinstance(accepted, (int, float))
                                  or not accepted > 0 or not math.isfinite(accepted)):
@@ -327,16 +349,29 @@ def parse_spec(data: dict, source: str = "<spec>") -> SweepSpec:
     nsys = sw.get("nsys", False)
     if not isinstance(nsys, bool):
         _fail(source, "sweep.nsys", f"expected true or false, got {nsys!r}")
+    return None if accepted is None else float(accepted), float(timeout_s), reps, nsys
 
-    targets = _str_list(source, "sweep.targets", sw["targets"]) if "targets" in sw else [None]
 
+def _spec_params(data: dict, source: str, backends: list[str]) -> dict[str, list[dict]]:
+    """The [params.<backend>] tables, each expanded into its parameter sets."""
     params_table = data.get("params", {})
     _check_keys(source, "params", params_table, backends)
-    params = {b: _param_sets(source, b, t) for b, t in params_table.items()}
+    return {b: _param_sets(source, b, t) for b, t in params_table.items()}
 
+
+def parse_spec(data: dict, source: str = "<spec>") -> SweepSpec:
+    """Validate a parsed TOML document into a SweepSpec."""
+    sw = _sweep_table(data, source)
+    name = _spec_name(sw, source)
+    backends = _spec_backends(sw, source)
+    geometries = _spec_geometries(sw, source)
+    page_sizes, arena = _spec_layouts(sw, source)
+    batches, ctx_lens, dtypes, masks = _spec_shapes(sw, source)
+    accepted, timeout_s, reps, nsys = _spec_run_options(sw, source)
+    targets = _str_list(source, "sweep.targets", sw["targets"]) if "targets" in sw else [None]
+    params = _spec_params(data, source, backends)
     spec = SweepSpec(name, backends, geometries, page_sizes, arena, batches, ctx_lens, dtypes, masks,
-                     params, None if accepted is None else float(accepted), float(timeout_s), reps,
-                     nsys, source, targets)
+                     params, accepted, timeout_s, reps, nsys, source, targets)
     spec.candidates()  # parameter names and accepted are checked against each problem
     return spec
 
