@@ -134,13 +134,18 @@ def parse_args(argv):
 
 
 def baseline_names(option: str, geometry) -> list[str]:
+    """--baseline: `auto` is every baseline installed that takes the geometry (at some page size),
+    `none` none, else a comma list of kernels.baselines.NAMES (a page size a named baseline does
+    not take is skipped per point)."""
     if option == "none":
         return []
-    names = list(baselines.NAMES) if option == "auto" else [n.strip() for n in option.split(",") if n.strip()]
+    if option == "auto":
+        return [n for n in baselines.NAMES if baselines.reason(n, geometry, 128) is None]
+    names = [n.strip() for n in option.split(",") if n.strip()]
     unknown = [n for n in names if n not in baselines.NAMES]
     if unknown:
         raise SystemExit(f"--baseline: unknown {unknown} (known: {', '.join(baselines.NAMES)})")
-    return [n for n in names if baselines.reason(n, geometry, 128) is None or option != "auto"]
+    return names
 
 
 def main(argv=None) -> int:

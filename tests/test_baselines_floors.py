@@ -123,3 +123,17 @@ def test_bench_table_fits_120_columns_and_wide_shows_everything():
     output.print_table(rows, "t", wide, wide=True)
     text = wide.export_text()
     assert "p10-p90" in text and "copy roofline" in text and "read floor us" in text
+
+
+def test_attention_table_baseline_option(installed):
+    from drafter_attn.bench import attention_table
+
+    assert attention_table.baseline_names("auto", MAIN) == list(baselines.NAMES)
+    assert attention_table.baseline_names("auto", SLIDING) == []
+    assert attention_table.baseline_names("none", MAIN) == []
+    assert attention_table.baseline_names("trtllm-xqa", MAIN) == ["trtllm-xqa"]
+    with pytest.raises(SystemExit, match="unknown"):
+        attention_table.baseline_names("vllm", MAIN)
+    assert attention_table.shapes("1x2k, 8x32k") == [(1, 2048), (8, 32768)]
+    with pytest.raises(argparse.ArgumentTypeError):
+        attention_table.shapes("8by32k")
