@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from drafter_attn.tuner.cli_checks import positive_float, positive_int
+from drafter_attn.tuner.cli_checks import int_list, positive_float, positive_int
 from drafter_attn.tuner.db import ProfileDB, SchemaError, default_path
 
 DB_HELP = """\
@@ -186,13 +186,6 @@ def cmd_show(args) -> int:
 # compile
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
-
-
 def _compile_fail(message) -> int:
     print(f"tuner compile: {message}", file=sys.stderr)
     return 2
@@ -336,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sm", type=static_profile_sms, default=(90, 100, 103),
                    help="SM targets, e.g. 90,100,107, or all (every NVRTC target from SM 80 up)")
     p.add_argument("--presets", help="only these presets (comma-separated; default: all)")
-    p.add_argument("--pages", type=_int_list, default=(16, 64, 128),
+    p.add_argument("--pages", type=int_list, default=(16, 64, 128),
                    help="page sizes of the paged variants (default 16,64,128; the arena is always compiled)")
     p.add_argument("--workers", type=int, help="parallel compiler processes (default: CPU count)")
     p.add_argument("--backend", choices=["all", "cupy", "cutlass"], default="all",

@@ -80,3 +80,11 @@ def write_whole(path, write) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def int_list(text: str) -> list[int]:
+    """An argparse type: comma-separated whole numbers, e.g. 90,100 or 16,64,128."""
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None

@@ -509,17 +509,11 @@ CLAIMS_DDL = ("CREATE TABLE IF NOT EXISTS claims (\n  scope TEXT NOT NULL,\n  ca
 CLAIMED, DONE, BUSY = "claimed", "done", "busy"
 
 
-def _write_transaction(conn: sqlite3.Connection, fn):
-    """fn() inside BEGIN IMMEDIATE ... COMMIT (rolled back on any error); returns fn's value."""
+def _write_transaction(db: ProfileDB, fn):
+    """fn() inside one `db.transaction()`, retried while the database is locked; fn's value."""
     def attempt():
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            value = fn()
-            conn.execute("COMMIT")
-            return value
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+        with db.transaction():
+            return fn()
 
     return _retry_locked(attempt)
 
@@ -561,7 +555,7 @@ def claim_candidate(db: ProfileDB, scope: str, env_id: str, key: str, owner: str
                   "VALUES (?, ?, ?, ?)", (scope, key, owner, t + lease_s))
         return CLAIMED
 
-    return _write_transaction(c, attempt)
+    return _write_transaction(db, attempt)
 
 
 def renew_claims(db: ProfileDB, owner: str, lease_s: float) -> None:

@@ -14,15 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from drafter_attn.tuner.cli_checks import OutputError, non_negative_float, writable_file
+from drafter_attn.tuner.cli_checks import OutputError, int_list, non_negative_float, writable_file
 from drafter_attn.tuner.db import SchemaError, default_path
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
 
 
 def _gpu_class(text: str) -> tuple[str, list[str]]:
@@ -206,7 +199,7 @@ def add_commands(sub, add_db) -> None:
                        "bucket rules of the runtime and provenance per entry (sweep, commit of the "
                        "measured kernel sources, date, GPU). Predicted rows are left out unless asked.")
     add_db(p)
-    p.add_argument("--sm", type=_ints, help="SMs to export, e.g. 90 or 90,100 (default: all)")
+    p.add_argument("--sm", type=int_list, help="SMs to export, e.g. 90 or 90,100 (default: all)")
     p.add_argument("--out", required=True, help="output path, e.g. profiles/sm90.json")
     p.add_argument("--include-predicted", action="store_true",
                    help="also rows of provenance 'predicted' (measured rows still win)")
@@ -260,6 +253,6 @@ def add_commands(sub, add_db) -> None:
 
     p = sub.add_parser("rounding", help="tokens hidden from the drafter by page rounding of prefix hits")
     p.add_argument("--hits", type=_hit_lengths, required=True, help="prefix-hit lengths (list or @FILE)")
-    p.add_argument("--pages", type=_ints, default=[16, 32, 64, 128], help="page sizes (default 16,32,64,128)")
+    p.add_argument("--pages", type=int_list, default=[16, 32, 64, 128], help="page sizes (default 16,32,64,128)")
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.set_defaults(func=cmd_rounding)
