@@ -44,7 +44,8 @@ def _installs(tmp_path) -> tuple:
     ncu = root / "nsight-compute" / "2025.3.1" / "host"
     _exe(ncu / "target-linux-x64" / "nsys")
     _exe(ncu / "linux-desktop-glibc_2_11_3-x64" / "QdstrmImporter")
-    globs = (str(root / "nsight-systems" / "*" / "bin"), str(root / "nsight-compute" / "*" / "host" / "target-linux-x64"))
+    globs = (str(root / "nsight-systems" / "*" / "bin"),
+             str(root / "nsight-compute" / "*" / "host" / "target-linux-x64"))
     return root, globs
 
 
@@ -181,7 +182,8 @@ def test_target_wraps_only_the_timed_steps_in_the_capture_range(monkeypatch):
     monkeypatch.setattr(torch.cuda.profiler, "stop", lambda: log.append("stop"))
     monkeypatch.setattr(torch.cuda.nvtx, "range", Range)
     monkeypatch.setattr(torch.cuda, "Event", Event)
-    wire = Candidate(Problem(get_preset("qwen3-8b-dflash-b16"), "paged", 64, 2, 1024), "reference-syncing", ()).to_wire()
+    problem = Problem(get_preset("qwen3-8b-dflash-b16"), "paged", 64, 2, 1024)
+    wire = Candidate(problem, "reference-syncing", ()).to_wire()
     assert syncs.main(["--candidate", json.dumps(wire), "--runs", "2"]) == 0
     timed = [("range", syncs.MARKER), "run", "end range"]
     assert log == [("build", "reference-syncing"), "run", "run", "sync", "start", *timed, *timed,
@@ -324,3 +326,126 @@ def test_report_keeps_every_layer_side_by_side():
     assert d["nsys"]["syncs"] == 5 and d["nsys"]["steps"] == 3 and d["agree"] is True
     assert syncs.SyncReport(debug_syncs=5, profiler=nsys.RuntimeSyncs(4, 1.0, 4)).agree is False
     assert syncs.SyncReport().agree is None
+
+
+# ---------------------------------------------------------------------------------------------
+# reference-syncing: selectable by name, labelled, never exported or picked
+
+
+def test_reference_syncing_is_a_labelled_selectable_reference(tmp_path):
+    from drafter_attn.bench import decode
+    from drafter_attn.kernels import registry
+    from drafter_attn.tuner.spec import parse_spec
+
+    assert "reference-syncing" in registry.names()
+    assert registry.reference_only("reference-syncing").startswith("a reference that stalls the host")
+    assert registry.reference_only("cupy") is None and registry.reference_only("reference") is None
+    g = get_preset("qwen3-8b-dflash-b16")
+    p = decode.plan("decode", g, "qwen3-8b-dflash-b16", "qwen3-8b-dflash-b16", pages=[64], batches=[2],
+                    ctxs=[1024], impls=["cupy", "reference-syncing"], baseline="none")
+    assert sorted({j.impl_option for j in p.jobs}) == ["cupy", "reference-syncing"] and len(p.jobs) == 4
+    assert any(n.startswith("reference-syncing: a reference that stalls the host") for n in p.notes)
+    pick = decode.resolve_impl("reference-syncing", Problem(g, "paged", 64, 2, 1024))
+    assert (pick.impl, pick.params) == ("reference-syncing", {})
+    spec = parse_spec({"sweep": {"name": "s", "backends": ["cupy", "reference-syncing"], "presets": [
+        "qwen3-8b-dflash-b16"], "page_sizes": [64], "arena": False, "batches": [2], "ctx_lens": [1024]}})
+    cands = {c.impl: c for c in spec.candidates()}
+    assert cands["reference-syncing"].params == () and cands["cupy"].params != ()
+
+
+def test_reference_syncing_is_never_exported_nor_picked(tmp_path, caplog):
+    from profile_fakes import H200, MAIN, build_db
+
+    from drafter_attn.kernels import tuned_table
+    from drafter_attn.kernels.dispatch import Dispatcher
+    from drafter_attn.tuner import export
+
+    db = tmp_path / "p.db"
+    rows = [dict(params={"tile_n": 64}, median_us=100.0, syncs_debug=0),
+            # faster on paper, as an eagerly timed step can be: still never a candidate
+            dict(impl="reference-syncing", median_us=50.0, syncs_debug=5, syncs_profiler=5, syncs_nsys=5)]
+    build_db(db, {"h": (H200, rows)})
+    table = export.export_table(db, [90], resolve_commits=False)
+    assert [(e["impl"], e["candidates"]) for e in table["entries"]] == [("cupy", 1)]
+    pick = Dispatcher.load(db).pick(Problem(MAIN, "paged", 64, 8, 2048), 90)
+    assert pick.impl == "cupy" and pick.tier == "exact"
+    # a hand-edited table naming it: that entry is left out, with a warning saying why
+    entry = dict(table["entries"][0], impl="reference-syncing", params={})
+    with pytest.warns(RuntimeWarning, match="reference-syncing' is never a tuned pick"):
+        kept = tuned_table.parse_entries([entry, table["entries"][0]], "t.json")
+    assert [e.winner.impl for e in kept] == ["cupy"]
+
+
+def test_bench_syncs_all_refuses_an_nsys_that_cannot_import(tmp_path, monkeypatch, capsys):
+    from drafter_attn.bench import cli
+
+    broken = nsys.NsysInstall("/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys", "install folder",
+                              "2025.3.1", "/opt/q/QdstrmImporter", (("/opt/q/QdstrmImporter", "libdw.so.1"),))
+    monkeypatch.setattr(nsys, "find_nsys", lambda *a, **k: broken)
+    argv = ["decode", "--impl", "reference-syncing", "--syncs", "all", "--batch", "2", "--ctx", "1k", "--page", "64",
+            "--baseline", "none", "--db", str(tmp_path / "p.db"), "--out", str(tmp_path / "out")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("--syncs all: nsys at /opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys "
+                          "(2025.3.1) cannot import its captures")
+    assert "QdstrmImporter needs libdw.so.1" in err and "libdw1" in err
+    assert not (tmp_path / "p.db").exists()  # refused before anything was measured
+
+
+def test_bench_decode_syncs_all_faked(tmp_path, monkeypatch, capsys):
+    """bench decode --syncs all with the GPU, nsys and the measurement faked: the measure
+    function is asked for nsys, every layer is printed side by side, the rows land in the
+    database, and tuner export leaves the syncing reference out."""
+    from test_bench_cli import _apply_fakes
+
+    from drafter_attn.bench import cli
+    from drafter_attn.tuner import export
+
+    _apply_fakes(monkeypatch)
+    monkeypatch.setattr(nsys, "find_nsys", lambda *a, **k: nsys.NsysInstall("/x/nsys", "$NSYS", "2025.3.1"))
+    asked = []
+
+    def fake_measure(wire, reps=0, nsys=False):
+        asked.append((wire["impl"], nsys))
+        n = wire["problem"]["num_layers"] if wire["impl"] == "reference-syncing" else 0
+        return dict(status="ok", median_us=20.0 + 10 * bool(n), p10_us=19.0, p90_us=31.0, attention_median_us=15.0,
+                    store_median_us=5.0, syncs_debug=n, syncs_profiler=n, sync_host_us=9.5 * n, dtoh_copies=n,
+                    syncs_nsys=n, sync_host_us_nsys=9.9 * n, graph_capturable=not n, rel_err=1e-3)
+
+    from drafter_attn.bench import decode
+
+    monkeypatch.setattr(decode, "default_measures", lambda: (fake_measure, None, None))
+    db, out = tmp_path / "p.db", tmp_path / "out"
+    argv = ["decode", "--sm", "90", "--impl", "cupy,reference-syncing", "--syncs", "all", "--batch", "2", "--ctx",
+            "1k", "--page", "64", "--baseline", "none", "--db", str(db), "--out", str(out)]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert set(asked) == {("cupy", True), ("reference-syncing", True)}
+    assert "nsys layer: /x/nsys (2025.3.1), found via $NSYS" in text
+    assert ("syncs per step, reference-syncing paged 64 B=2 ctx=1024: sync-debug 5, profiler 5, nsys 5 (agree); "
+            "host blocked per step: profiler 47.5 us, nsys 49.5 us") in text
+    assert "syncs per step, cupy arena B=2 ctx=1024: sync-debug 0, profiler 0, nsys 0 (agree)" in text
+    assert "2 row(s) with blocking host syncs" in text
+    doc = json.loads((out / "decode.json").read_text())
+    assert doc["settings"]["nsys"] is True
+    bad = [r for r in doc["rows"] if r["impl"] == "reference-syncing"]
+    assert {(r["syncs_debug"], r["syncs_profiler"], r["syncs_nsys"]) for r in bad} == {(5, 5, 5)}
+    table = export.export_table(db, [90], resolve_commits=False)
+    assert {e["impl"] for e in table["entries"]} == {"cupy"} and len(table["entries"]) == 2
+
+
+def test_tuner_show_puts_every_layer_beside_syncs_when_nsys_measured(tmp_path, capsys, monkeypatch):
+    from profile_fakes import H200, build_db
+
+    from drafter_attn.tuner.cli import main
+
+    monkeypatch.setenv("COLUMNS", "250")
+    db = tmp_path / "p.db"
+    build_db(db, {"h": (H200, [dict(median_us=100.0, syncs_debug=0, syncs_profiler=0, sync_host_us=0.0)])})
+    assert main(["show", "--db", str(db)]) == 0
+    assert "s_nsys" not in capsys.readouterr().out  # no row has nsys figures: the usual columns
+    build_db(db, {"h": (H200, [dict(impl="reference-syncing", median_us=130.0, syncs_debug=5, syncs_profiler=5,
+                                     sync_host_us=47.5, syncs_nsys=5, sync_host_us_nsys=49.5)])})
+    assert main(["show", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert all(h in out for h in ("s_debug", "s_prof", "s_nsys", "blocked_us", "blocked_us_nsys"))

@@ -298,8 +298,8 @@ def parse_nsys_sqlite(path, marker: str = MARKER, runs: int | None = None) -> Ru
             mc_cols = _columns(con, "CUPTI_ACTIVITY_KIND_MEMCPY")
             correlations = {c for *_, c in inside if c is not None}
             if "correlationId" in mc_cols and correlations:
-                dtoh = sum(1 for kind, c in con.execute(
-                    "SELECT copyKind, correlationId FROM CUPTI_ACTIVITY_KIND_MEMCPY") if kind == DTOH and c in correlations)
+                copies = con.execute("SELECT copyKind, correlationId FROM CUPTI_ACTIVITY_KIND_MEMCPY")
+                dtoh = sum(1 for kind, c in copies if kind == DTOH and c in correlations)
             elif "correlationId" not in mc_cols:  # an export without correlation ids: by time
                 dtoh = sum(1 for s, kind in con.execute("SELECT start, copyKind FROM CUPTI_ACTIVITY_KIND_MEMCPY")
                            if kind == DTOH and any(lo <= s <= hi for lo, hi, _ in windows))
@@ -388,7 +388,8 @@ def syncs_from_stats(reports: dict[str, list[dict]], marker: str = MARKER, runs:
     return per_step(RuntimeSyncs(count, host_ns / 1e3, dtoh, by_call), steps)
 
 
-def stats_syncs(nsys: str, sqlite_path, marker: str = MARKER, timeout_s: float = 300) -> tuple[RuntimeSyncs | None, str, str | None]:
+def stats_syncs(nsys: str, sqlite_path, marker: str = MARKER,
+                timeout_s: float = 300) -> tuple[RuntimeSyncs | None, str, str | None]:
     """(figures, the stats text, why there are none) from `nsys stats` on an export."""
     try:
         proc = subprocess.run(stats_command(nsys, sqlite_path), capture_output=True, text=True, timeout=timeout_s)
