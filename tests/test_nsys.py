@@ -449,3 +449,23 @@ def test_tuner_show_puts_every_layer_beside_syncs_when_nsys_measured(tmp_path, c
     assert main(["show", "--db", str(db)]) == 0
     out = capsys.readouterr().out
     assert all(h in out for h in ("s_debug", "s_prof", "s_nsys", "blocked_us", "blocked_us_nsys"))
+
+
+def test_bench_report_shows_every_layer_where_nsys_measured(tmp_path):
+    from profile_fakes import H200, build_db
+
+    from drafter_attn.bench import report
+
+    db = tmp_path / "p.db"
+    build_db(db, {"h": (H200, [
+        dict(median_us=100.0, syncs_debug=0, syncs_profiler=0, sync_host_us=0.0),  # no nsys, no syncs: not listed
+        dict(layout="arena", median_us=99.0, syncs_debug=0, syncs_profiler=0, sync_host_us=0.0, syncs_nsys=0,
+             sync_host_us_nsys=0.0),
+        dict(impl="reference-syncing", median_us=130.0, syncs_debug=5, syncs_profiler=5, sync_host_us=47.5,
+             syncs_nsys=5, sync_host_us_nsys=49.5)])})
+    path, _ = report.build(report.load(db), tmp_path / "rep", db)
+    md = path.read_text()
+    assert "Host syncs per step, every layer that ran" in md
+    assert "| decode | cupy | arena | 8 | 2048 | 0 | 0 | 0 | 0 | 0 |" in md
+    assert "| decode | reference-syncing | paged 64 | 8 | 2048 | 5 | 5 | 5 | 47.5 | 49.5 |" in md
+    assert "| decode | cupy | paged 64 |" not in md.split("Host syncs per step")[1]
