@@ -155,6 +155,11 @@ def plan(command: str, geometry, label: str, preset: str | None, *, pages, batch
     p = Plan(command, geometry, label, preset, list(pages), list(batches), list(ctxs), impls, steps,
              accepted, rows, names, reps, nsys, concurrency, max_ctx)
     p.notes.extend(notes)
+    from drafter_attn.kernels import registry
+
+    for impl in impls:
+        if registry.reference_only(impl):
+            p.notes.append(f"{impl}: {registry.reference_only(impl)}; timed eagerly (no CUDA graph)")
     for step, chunk in steps:
         room = geometry.block_size if step == DECODE else chunk
         if max_ctx is not None and max(ctxs) + room > max_ctx:
@@ -230,6 +235,37 @@ def default_measures():
     from drafter_attn.tuner.measure import measure_baseline, measure_candidate
 
     return measure_candidate, measure_context, measure_baseline
+
+
+def require_nsys(find=None) -> str:
+    """The line saying which nsys `--syncs all` runs; BenchError (exit 2) when none is found or
+    it cannot import its captures (the note names the missing library)."""
+    from drafter_attn.tuner import nsys as nsys_tool
+
+    install = (find or nsys_tool.find_nsys)()
+    if not install.usable:
+        raise BenchError(f"--syncs all: {install.note}")
+    return (f"nsys layer: {install.path}" + (f" ({install.version})" if install.version else "")
+            + f", found via {install.found_via}; only the timed steps are captured (cudaProfilerStart/Stop)")
+
+
+def sync_lines(rows: list[dict]) -> list[str]:
+    """Per row whose step syncs, or where Nsight Systems ran: the blocking syncs per step and the
+    host time blocked from every layer side by side, and whether the layers agree."""
+    out = []
+    for r in rows:
+        if r.get("status") != "ok" or not (r.get("syncs") or r.get("syncs_nsys") is not None):
+            continue
+        layers = {"sync-debug": r.get("syncs_debug"), "profiler": r.get("syncs_profiler"), "nsys": r.get("syncs_nsys")}
+        ran = {k: v for k, v in layers.items() if v is not None}
+        agree = "agree" if len(set(ran.values())) == 1 else "DISAGREE"
+        blocked = ", ".join(f"{name} {r[key]:.1f} us" for name, key in (("profiler", "sync_host_us"), ("nsys", "sync_host_us_nsys"))
+                            if isinstance(r.get(key), (int, float)))
+        layout = f"paged {r['page_size']}" if r["layout"] == "paged" else "arena"
+        out.append(f"syncs per step, {r['impl']} {layout} B={r['batch']} ctx={r['ctx']}: "
+                   + ", ".join(f"{k} {v}" for k, v in layers.items() if v is not None)
+                   + f" ({agree}); host blocked per step: {blocked or 'not measured'}")
+    return out
 
 
 def sync_count(row: dict) -> int | None:

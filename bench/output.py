@@ -82,10 +82,25 @@ def _over(r: dict) -> str:
 
 
 def _syncs(r: dict) -> str:
-    syncs = r.get("syncs")
+    """Blocking host syncs per step from each layer side by side: sync-debug mode / torch
+    profiler / Nsight Systems ("-" where a layer did not run), red when any is not zero."""
     if r.get("status") != "ok":
         return "-"
-    return "n/a" if syncs is None else (f"[red]{syncs}[/]" if syncs else "0")
+    layers = [r.get(k) for k in ("syncs_debug", "syncs_profiler", "syncs_nsys")]
+    if all(not _num(v) for v in layers):
+        return "n/a"
+    text = "/".join(str(int(v)) if _num(v) else "-" for v in layers)
+    return f"[red]{text}[/]" if any(_num(v) and v for v in layers) else text
+
+
+def _blocked(r: dict) -> str:
+    """Host time blocked per step (us): torch profiler / Nsight Systems."""
+    if r.get("status") != "ok":
+        return "-"
+    layers = [r.get(k) for k in ("sync_host_us", "sync_host_us_nsys")]
+    if all(not _num(v) for v in layers):
+        return "-"
+    return "/".join(_f(v, ".1f") for v in layers)
 
 
 def _status(r: dict, width: int = 80) -> str:
@@ -120,6 +135,7 @@ TABLE_COLUMNS = (
     ("x floor", "right", _x_floor, None),
     ("read floor us", "right", lambda r: _f(r.get("read_floor_us"), ".1f"), "wide"),
     ("syncs", "right", _syncs, None),
+    ("blocked us p/n", "right", _blocked, "wide"),
     ("KV (model)", "right", lambda r: fmt_bytes(r["kv_model_bytes"]) if _num(r.get("kv_model_bytes")) else "-", None),
     ("GB/s", "right", lambda r: _f(r.get("bandwidth_gbs"), ".0f"), "wide"),
     ("copy roofline", "right", lambda r: _f(r.get("roofline_fraction"), ".2f"), "wide"),
@@ -144,7 +160,8 @@ def print_table(rows: list[dict], title: str, console=None, wide: bool = False) 
     t = Table(title=title, title_justify="left", show_lines=False, header_style="bold", box=box.SIMPLE_HEAD,
               padding=(0, 1), pad_edge=False, collapse_padding=True,
               caption="x floor: median over the read floor of the same bytes (1.00x = at the floor); "
-                      "--wide shows every column" if not wide else None, caption_justify="left")
+                      "syncs: blocking host syncs per step, sync-debug mode/torch profiler/Nsight Systems "
+                      "(- not run); --wide shows every column, the host time they blocked too" if not wide else None, caption_justify="left")
     for name, justify, _, _ in columns:
         t.add_column(name, justify=justify, no_wrap=name not in ("status", "impl"),
                      overflow="fold" if name == "impl" else "ellipsis")

@@ -328,14 +328,20 @@ def _entry_of(ranked: list[dict]) -> dict:
 def select_entries(rows, *, include_predicted: bool = False, where: str = "profile database") -> list[dict]:
     """Winners per (SM, shape, batch, context) from result rows (dicts with the columns of
     `DB_ROWS_SQL`): the newest row of each (impl, params) counts; candidates rank by `rank_key`.
-    Predicted rows are left out unless `include_predicted`. Rows that cannot be read (params
-    that are not JSON, a latency that is not a number) are left out with one warning."""
+    Rows of a reference-only backend (`registry.reference_only`, e.g. `reference-syncing`) are
+    never candidates. Predicted rows are left out unless `include_predicted`. Rows that cannot
+    be read (params that are not JSON, a latency that is not a number) are left out with one
+    warning."""
+    from drafter_attn.kernels import registry
+
     groups: dict[tuple, dict[tuple, dict]] = {}
     skipped: list[tuple[str, str]] = []
     for i, raw in enumerate(rows):
         kind = raw.get("provenance") or "measured"
         if kind == "predicted" and not include_predicted:
             continue
+        if isinstance(raw.get("impl"), str) and registry.reference_only(raw["impl"]):
+            continue  # measured to compare against (e.g. reference-syncing), never a candidate
         try:
             row = _clean_row(raw)
             key = (row["sm"], *(row[f] for f in SHAPE_FIELDS), row["batch"], row["ctx_len"])
@@ -535,6 +541,8 @@ def _backend_problem(entry: Entry) -> str | None:
     for c in entry.candidates:
         if c.impl not in registry.names():
             return f"unknown backend {c.impl!r} (known: {', '.join(registry.names())})"
+        if registry.reference_only(c.impl):
+            return f"backend {c.impl!r} is never a tuned pick: {registry.reference_only(c.impl)}"
         try:
             registry.check_params(registry.get(c.impl), dict(c.params))
         except registry.BackendUnavailable:

@@ -30,9 +30,14 @@ TABLE_COLUMNS = ["gpu_name", "sm", "preset", "mask", "layout", "page_size", "bat
                  "params", "status", "median_us", "p10_us", "p90_us", "attention_median_us",
                  "store_median_us", "roofline_fraction", "syncs", "kv_mib", "reason"]
 
+# Shown beside `syncs` when a row has Nsight Systems figures.
+SYNC_COLUMNS = ["syncs_debug", "syncs_profiler", "syncs_nsys", "sync_host_us", "sync_host_us_nsys"]
+
 # Table-view headers (CSV and JSON keep the database's column names).
 SHORT_HEADERS = {"page_size": "page", "ctx_len": "ctx", "attention_median_us": "attn_us",
-                 "store_median_us": "store_us", "roofline_fraction": "roofline", "gpu_name": "gpu"}
+                 "store_median_us": "store_us", "roofline_fraction": "roofline", "gpu_name": "gpu",
+                 "syncs_debug": "s_debug", "syncs_profiler": "s_prof", "syncs_nsys": "s_nsys",
+                 "sync_host_us": "blocked_us", "sync_host_us_nsys": "blocked_us_nsys"}
 INT_COLUMNS = {"sm", "page_size", "batch", "ctx_len", "window", "count", "syncs", "syncs_debug",
                "syncs_profiler", "syncs_nsys", "dtoh_copies", "kv_bytes", "workspace_bytes", "peak_bytes",
                "registers", "spill_bytes", "smem_dynamic", "smem_static", "num_layers"}
@@ -178,6 +183,10 @@ def cmd_show(args) -> int:
         df = df.tail(args.limit)
     # The table view shows the usual columns; CSV and JSON (and --all-columns) carry everything.
     columns = TABLE_COLUMNS if args.format == "table" and not args.all_columns else None
+    if columns and "syncs_nsys" in df and df["syncs_nsys"].notna().any():
+        # every layer side by side where Nsight Systems measured
+        at = columns.index("syncs") + 1
+        columns = columns[:at] + [c for c in SYNC_COLUMNS if c in df] + columns[at:]
     print_frame(df, args.format, columns, f"{len(df)} results in {path}")
     return 0
 
