@@ -469,3 +469,16 @@ def test_bench_report_shows_every_layer_where_nsys_measured(tmp_path):
     assert "| decode | cupy | arena | 8 | 2048 | 0 | 0 | 0 | 0 | 0 |" in md
     assert "| decode | reference-syncing | paged 64 | 8 | 2048 | 5 | 5 | 5 | 47.5 | 49.5 |" in md
     assert "| decode | cupy | paged 64 |" not in md.split("Host syncs per step")[1]
+
+
+@pytest.mark.parametrize("name,per_step", [("range_reference-syncing", 5), ("range_cupy", 0)])
+def test_real_capture_range_exports_agree_with_their_stats(tmp_path, name, per_step):
+    """Real H200 captures of the timed steps alone (5 layers, 3 steps): the per-range parser of
+    the export and `nsys stats` over the whole capture give the same syncs per step."""
+    parsed = nsys.parse_nsys_sqlite(_real_export(tmp_path, name))
+    stats = nsys.syncs_from_stats(nsys.parse_stats((DATA / f"{name}.stats.txt").read_text()))
+    assert parsed.steps == stats.steps == 3
+    assert parsed.count == stats.count == per_step
+    if per_step:
+        assert parsed.by_call == {"cudaStreamSynchronize": per_step}
+        assert parsed.dtoh_copies == per_step and parsed.host_us > 0
