@@ -147,12 +147,13 @@ def failure(exc: BaseException) -> tuple[str, str]:
     return "failed_runtime", f"{type(exc).__name__}: {exc}{at}"[:4000]
 
 
-def measure_candidate(wire: dict, *, reps: int = 0, nsys: bool = False) -> dict:
-    """Measure `wire` (Candidate.to_wire()) on cuda:0 -> result columns. Never raises."""
+def measure_candidate(wire: dict, *, reps: int = 0, nsys: bool = False, **step_options) -> dict:
+    """Measure `wire` (Candidate.to_wire()) on cuda:0 -> result columns. Never raises.
+    `step_options` go to the DecodeStep (`table_capacity`, `max_ctx_hint`)."""
     from drafter_attn.tuner.step import DecodeStep
 
     return measure_step(wire, lambda c, backend: DecodeStep(c.problem, backend, c.params_dict,
-                                                            accepted=c.accepted),
+                                                            accepted=c.accepted, **step_options),
                         reps=reps, nsys=nsys)
 
 
