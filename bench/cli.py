@@ -2,6 +2,7 @@
 
     bench decode  [--sm N] [--page 64,128] [--preset NAME | --heads 32/8 --head-dim 128 ...]
                   [--batch 1,8,32] [--ctx 2k,8k,32k] [--accepted 3.4] [--impl auto]
+                  [--table-capacity 128k] [--max-ctx-hint on|off|both]
                   [--baseline auto|none|flashinfer|NAME,...] [--context-chunk 2k] [--syncs fast|all]
                   [--db PATH] [--out DIR]
     bench prefill [--chunk 2k] [--ctx 0,8k] ...    the context step: a prompt chunk stored
@@ -59,6 +60,13 @@ def _measure_options(p: argparse.ArgumentParser, defaults: dict) -> None:
     p.add_argument("--max-ctx", type=opt.max_ctx, default=None,
                    help="tokens one arena slot holds in the KV memory model (default: largest --ctx "
                         "plus the stored rows)")
+    p.add_argument("--table-capacity", type=opt.table_capacities, default=[], metavar="N[,N...]",
+                   help="also measure each paged row with a block table sized for N tokens (as an engine "
+                        "sizes it for the model's longest context; the pool holds only the pages needed), "
+                        "labelled 'paged P tN'; not recorded into the database")
+    p.add_argument("--max-ctx-hint", choices=["on", "off", "both"], default=None,
+                   help="pass the attention the host-side max_ctx hint (ctx + the stored rows): on, off, or "
+                        "both rows (default: both with --table-capacity, else off)")
     p.add_argument("--reps", type=opt.non_negative_int, default=0,
                    help="timed graph replays per timing; 0 picks them from the step's length")
     p.add_argument("--db", default=None, metavar="PATH",
@@ -151,10 +159,12 @@ def _measure_plan(args, geometry, label: str):
                            ctxs=args.ctx, impls=impls, accepted=args.accepted,
                            context_chunks=args.context_chunk, baseline=args.baseline, reps=args.reps,
                            nsys=args.nsys or args.syncs in ("all", "nsys"), concurrency=args.concurrency,
-                           max_ctx=args.max_ctx)
+                           max_ctx=args.max_ctx, table_capacities=args.table_capacity,
+                           max_ctx_hint=args.max_ctx_hint)
     return decode.plan("prefill", geometry, label, preset, pages=args.page, batches=args.batch,
                        ctxs=args.ctx, impls=impls, context_chunks=args.chunk, decode=False,
-                       baseline="none", reps=args.reps, concurrency=args.concurrency, max_ctx=args.max_ctx)
+                       baseline="none", reps=args.reps, concurrency=args.concurrency, max_ctx=args.max_ctx,
+                       table_capacities=args.table_capacity, max_ctx_hint=args.max_ctx_hint)
 
 
 def _select_gpu(args, command: str):
@@ -262,6 +272,7 @@ def cmd_measure(args, argv) -> int:
     if p.nsys:
         p.notes.append(decode.require_nsys())
     gpu = _select_gpu(args, command)
+    decode.check_memory(p, gpu.memory_bytes, gpu.sm)
     out = _out_dir(command, decode.results_dir(gpu.sm) if args.out is None else args.out)
     db = _open_db(args, command)
     console, echo = _measure_console(args)

@@ -110,3 +110,60 @@ def fmt_bytes(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{int(n)} B"
+
+
+# ---------------------------------------------------------------------------------------------
+# What a measurement allocates on the GPU (bench decode / prefill and the attention table refuse,
+# before measuring, a row that would not fit)
+
+USABLE_FRACTION = 0.92  # of the GPU's memory: the CUDA context, cubins, allocator slack
+_OVERHEAD_BYTES = 1 << 30
+_REFERENCE_TOKENS = 1 << 18  # tuner.step's chunk of the reference check (tokens of capacity)
+_MAX_SPLITS = 64
+
+
+def _layer_token_bytes(geometry) -> int:
+    """K and V bytes of one token of one layer."""
+    return 2 * geometry.num_kv_heads * geometry.head_dim * DTYPE_BYTES[geometry.dtype]
+
+
+def measurement_bytes(geometry, layout: str, page_size: int | None, batch: int, ctx: int, rows: int,
+                      table_capacity: int | None = None) -> int:
+    """Peak GPU bytes of measuring one step (tuner.step.DecodeStep through tuner.measure), an
+    estimate from the sizes alone:
+
+      the step's caches       every layer: the pages the context and the stored rows need (the
+                              pool holds no more, whatever the table's width), or a dense arena
+                              slot of ctx + rows per request
+      + the larger of         the correctness check: one more layer's cache and its copy for the
+                              reference, and the reference's float32 temporaries over one chunk
+                              of requests gathered to the table's capacity
+                              the read floor: a buffer of the step's bytes (every layer's K/V)
+      + split-KV partials (at most 64 splits) and 1 GiB for the rest.
+    """
+    g = geometry
+    e = DTYPE_BYTES[g.dtype]
+    t = _layer_token_bytes(g)
+    tokens = ctx + rows
+    if layout == "paged":
+        layer = (batch * math.ceil(tokens / page_size) + 1) * page_size * t
+        capacity = table_capacity or math.ceil(tokens / page_size) * page_size
+    else:
+        layer = batch * tokens * t
+        capacity = tokens
+    caches = g.num_layers * layer
+    chunk = min(batch, max(1, _REFERENCE_TOKENS // max(1, capacity)))
+    per_token = g.num_kv_heads * g.head_dim * (4 * e + 8) + g.num_q_heads * g.block_size * 12
+    check = 2 * layer + chunk * (capacity + g.block_size) * per_token
+    floor = g.num_layers * batch * tokens * t
+    partials = _MAX_SPLITS * batch * g.num_q_heads * g.block_size * (g.head_dim + 1) * 4
+    return caches + max(check, floor) + partials + _OVERHEAD_BYTES
+
+
+def baseline_bytes(geometry, page_size: int, batch: int, ctx: int) -> int:
+    """Peak GPU bytes of measuring a baseline (kernels.baselines: one layer's pages holding the
+    context and the block, a 256 MiB workspace) and its read floor."""
+    g = geometry
+    t = _layer_token_bytes(g)
+    pages = batch * math.ceil((ctx + g.block_size) / page_size) * page_size * t
+    return 2 * pages + (256 << 20) + _OVERHEAD_BYTES

@@ -28,7 +28,7 @@ def _contract_inputs() -> dict:
                 slots=slots)
 
 
-@pytest.mark.parametrize("module, examples", [(reference, 4), (contract, 4), (presets, 1), (runtime, 6),
+@pytest.mark.parametrize("module, examples", [(reference, 4), (contract, 6), (presets, 1), (runtime, 6),
                                                (ops, 4), (registry, 7), (syncing_store, 1)],
                          ids=["reference", "contract", "presets", "runtime", "ops", "registry", "syncing_store"])
 def test_docstring_examples(module, examples):

@@ -163,12 +163,13 @@ def stalling_reason(impl: str, stall: str) -> str:
             "as a step that syncs cannot be captured into a CUDA graph")
 
 
-def measure_candidate(wire: dict, *, reps: int = 0, nsys: bool = False) -> dict:
-    """Measure `wire` (Candidate.to_wire()) on cuda:0 -> result columns. Never raises."""
+def measure_candidate(wire: dict, *, reps: int = 0, nsys: bool = False, **step_options) -> dict:
+    """Measure `wire` (Candidate.to_wire()) on cuda:0 -> result columns. Never raises.
+    `step_options` go to the DecodeStep (`table_capacity`, `max_ctx_hint`)."""
     from drafter_attn.tuner.step import DecodeStep
 
     return measure_step(wire, lambda c, backend: DecodeStep(c.problem, backend, c.params_dict,
-                                                            accepted=c.accepted),
+                                                            accepted=c.accepted, **step_options),
                         reps=reps, nsys=nsys)
 
 
