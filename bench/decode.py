@@ -28,8 +28,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from drafter_attn.bench import memory as kvmem
 from drafter_attn.bench.options import BenchError
+from drafter_attn.kernels import footprint as kvmem
 
 DECODE, CONTEXT = "decode", "context"
 FALLBACK_IMPL = "cupy"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from drafter_attn.bench.memory import fmt_bytes
 from drafter_attn.kernels.baselines import is_baseline
+from drafter_attn.kernels.footprint import fmt_bytes
 from drafter_attn.tuner.cli_checks import write_whole
 
 # Line style of each baseline in the plots (colour follows the page size).

@@ -29,7 +29,7 @@ BANDS = {  # package: (y0, y1, fill)
 # name: (x centre, y centre, width, height, label)
 BOXES = {
     "decode": (3.0, 9.0, 3.6, 1.1, "bench decode / prefill\nbench.decode, bench.steps"),
-    "memory": (8.5, 9.0, 3.0, 1.1, "bench memory\nbench.memory (model only)"),
+    "memory": (8.5, 9.0, 3.0, 1.1, "bench memory\nmodel: kernels.footprint"),
     "report": (14.0, 9.0, 3.4, 1.1, "bench report\nbench.report: plots, report.md"),
     "sweep": (1.75, 6.6, 2.7, 1.1, "tuner sweep\ntuner.spec (TOML),\ntuner.sweep"),
     "worker": (5.0, 6.6, 2.8, 1.1, "worker process per GPU\ntuner.worker\n(crash-isolated)"),

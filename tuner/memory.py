@@ -1,6 +1,6 @@
 """Memory of a decode step: K/V bytes of the workload per layout, and workspace / peak bytes.
 
-KV bytes are a model of the workload, not of an allocation: a paged cache holds
+KV bytes are a model of the workload (kernels.footprint), not of an allocation: a paged cache holds
 ceil((P + Qb) / page_size) pages per request (its context plus room for the store), an arena holds
 one slot of max_ctx = P + Qb tokens per request (dense, whatever the real lengths). Workspace and
 peak come from torch's allocator around one eager step (backends allocate through torch).
@@ -8,12 +8,11 @@ peak come from torch's allocator around one eager step (backends allocate throug
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import torch
 
-from drafter_attn.kernels.cache import ArenaKVCache, PagedKVPool
+from drafter_attn.kernels import footprint
 from drafter_attn.kernels.spec import Problem
 
 
@@ -24,11 +23,8 @@ def kv_bytes_for(problem: Problem, max_ctx: int | None = None, store_rows: int |
     g, p = problem.geometry, problem
     tokens = p.ctx_len + (g.block_size if store_rows is None else store_rows)
     if p.layout == "paged":
-        pages = p.batch * math.ceil(tokens / p.page_size)
-        return PagedKVPool.bytes_for(pages, p.page_size, g.num_kv_heads, g.head_dim, g.num_layers,
-                                     g.torch_dtype)
-    return ArenaKVCache.bytes_for(p.batch, max_ctx or tokens, g.num_kv_heads, g.head_dim, g.num_layers,
-                                  g.torch_dtype)
+        return footprint.paged_kv_bytes(g, p.batch, tokens, p.page_size)
+    return footprint.arena_bytes(g, p.batch, max_ctx or tokens)
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,28 @@
-"""KV-cache footprint of a deployment, arena against paged: pure arithmetic, no GPU.
+"""The memory model: bytes of the K/V caches, the block table and the split-KV partials, from the
+layout definitions (docs/design.md, "The two layouts"). Pure arithmetic: no GPU, no torch.
+
+The one place these formulas live. `kernels.cache` sizes its pools with `kv_bytes`, the cupy
+backend its split workspace with `partial_elems`, `kernels.auto` weighs layouts with
+`arena_bytes` / `paged_bytes`, `tuner.memory` models a workload's K/V with `paged_kv_bytes` /
+`arena_bytes`, and `bench memory` / `bench decode` print `footprint`.
 
 For a drafter geometry (layers L, KV heads Hkv, head dim D, dtype of `e` bytes, block size Qb),
 `concurrency` requests and a maximum context `max_ctx` (tokens one request may hold, the block's
 store included):
 
-  K+V of one token, all layers   t = 2 * L * Hkv * D * e
+  K+V of n tokens, all layers    kv_bytes = 2 * L * n * Hkv * D * e
+  K+V of one token               t = 2 * L * Hkv * D * e                        (token_bytes)
   arena (dense)                  concurrency * max_ctx * t
                                  (one slot of max_ctx tokens per request, whatever its length)
-  paged, at expected context P   concurrency * ceil((P + Qb) / S) * S * t       (page size S:
-                                 the context plus room for the store's Qb rows, rounded up to pages)
-                               + concurrency * ceil(max_ctx / S) * 4             (the int32 block
+  paged, n tokens a request      concurrency * ceil(n / S) * S * t              (page size S:
+                                 whole pages)
+                               + concurrency * ceil(max_ctx / S) * 4            (the int32 block
                                  table, sized for max_ctx, one table shared by all layers)
-
-A request at P tokens must leave room for the store: P + Qb <= max_ctx.
+  a footprint at context P       the paged bytes of n = P + Qb tokens (the context plus room for
+                                 the store's Qb rows); P + Qb <= max_ctx
+  split-KV partials (splits s>1) s * B * Hkv * R float32 log-sum-exps, and D times as many
+                                 float32 partial outputs (R = Qb * G query rows of a KV head);
+                                 none without a split
 """
 
 from __future__ import annotations
@@ -22,13 +32,25 @@ from dataclasses import asdict, dataclass
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 TABLE_ENTRY_BYTES = 4  # int32 page ids
+PARTIAL_BYTES = 4  # float32 partial outputs and log-sum-exps
 DEFAULT_PAGES = (16, 32, 64, 128)
+
+
+def kv_bytes(tokens: int, num_kv_heads: int, head_dim: int, num_layers: int = 1,
+             elem_bytes: int = 2) -> int:
+    """K and V bytes of `tokens` token rows (page slots or arena rows) over `num_layers` layers."""
+    return 2 * num_layers * tokens * num_kv_heads * head_dim * elem_bytes
 
 
 def token_bytes(geometry) -> int:
     """K and V bytes of one token over all layers."""
     g = geometry
-    return 2 * g.num_layers * g.num_kv_heads * g.head_dim * DTYPE_BYTES[g.dtype]
+    return kv_bytes(1, g.num_kv_heads, g.head_dim, g.num_layers, DTYPE_BYTES[g.dtype])
+
+
+def pages_for(tokens: int, page_size: int) -> int:
+    """Whole pages that hold `tokens` tokens."""
+    return math.ceil(tokens / page_size)
 
 
 def arena_bytes(geometry, concurrency: int, max_ctx: int) -> int:
@@ -37,7 +59,35 @@ def arena_bytes(geometry, concurrency: int, max_ctx: int) -> int:
 
 
 def block_table_bytes(concurrency: int, max_ctx: int, page_size: int) -> int:
-    return concurrency * math.ceil(max_ctx / page_size) * TABLE_ENTRY_BYTES
+    """The int32 block table: a row of ceil(max_ctx / page_size) page ids per request."""
+    return concurrency * pages_for(max_ctx, page_size) * TABLE_ENTRY_BYTES
+
+
+def paged_kv_bytes(geometry, concurrency: int, tokens: int, page_size: int) -> int:
+    """The pages of `tokens` tokens per request (rounded up to whole pages), every layer."""
+    return concurrency * pages_for(tokens, page_size) * page_size * token_bytes(geometry)
+
+
+def paged_bytes(geometry, concurrency: int, tokens: int, page_size: int, max_ctx: int) -> int:
+    """Pages for `tokens` tokens per request plus the block table sized for `max_ctx`."""
+    return (paged_kv_bytes(geometry, concurrency, tokens, page_size)
+            + block_table_bytes(concurrency, max_ctx, page_size))
+
+
+def partial_elems(batch: int, num_kv_heads: int, rows: int, head_dim: int,
+                  splits: int) -> tuple[int, int]:
+    """float32 elements of the split-KV partials, (partial outputs, log-sum-exps): one row of
+    `head_dim` outputs and one log-sum-exp per split, request, KV head and query row (`rows` =
+    Qb * G); (0, 0) without a split."""
+    if splits <= 1:
+        return 0, 0
+    lse = splits * batch * num_kv_heads * rows
+    return lse * head_dim, lse
+
+
+def partials_bytes(batch: int, num_kv_heads: int, rows: int, head_dim: int, splits: int) -> int:
+    """Bytes of the split-KV workspace (`partial_elems`, float32)."""
+    return PARTIAL_BYTES * sum(partial_elems(batch, num_kv_heads, rows, head_dim, splits))
 
 
 @dataclass(frozen=True)
@@ -83,12 +133,11 @@ def footprint(geometry, concurrency: int, ctx: int, page_size: int, max_ctx: int
     if ctx + qb > max_ctx:
         raise ValueError(f"context {ctx} + the store's {qb} rows = {ctx + qb} tokens exceeds "
                          f"max context {max_ctx}; raise --max-ctx or lower the context")
-    per_req = math.ceil((ctx + qb) / page_size)
-    pages = concurrency * per_req
-    kv = pages * page_size * token_bytes(geometry)
+    per_req = pages_for(ctx + qb, page_size)
+    kv = paged_kv_bytes(geometry, concurrency, ctx + qb, page_size)
     table = block_table_bytes(concurrency, max_ctx, page_size)
-    return Footprint(ctx, page_size, concurrency, max_ctx, per_req, pages, kv, table, kv + table,
-                     arena_bytes(geometry, concurrency, max_ctx))
+    return Footprint(ctx, page_size, concurrency, max_ctx, per_req, concurrency * per_req, kv, table,
+                     kv + table, arena_bytes(geometry, concurrency, max_ctx))
 
 
 def default_contexts(geometry, max_ctx: int) -> list[int]:
