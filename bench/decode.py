@@ -30,6 +30,7 @@ from pathlib import Path
 
 from drafter_attn.bench.options import BenchError
 from drafter_attn.kernels import footprint as kvmem
+from drafter_attn.kernels.tuned_table import sync_count
 
 DECODE, CONTEXT = "decode", "context"
 FALLBACK_IMPL = "cupy"
@@ -230,13 +231,6 @@ def default_measures():
     from drafter_attn.tuner.measure import measure_baseline, measure_candidate
 
     return measure_candidate, measure_context, measure_baseline
-
-
-def sync_count(row: dict) -> int | None:
-    """Blocking host waits per step: the most any detector saw; None when none measured."""
-    counts = [row.get(k) for k in ("syncs_debug", "syncs_profiler", "syncs_nsys")]
-    counts = [c for c in counts if c is not None]
-    return max(counts) if counts else None
 
 
 def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measure_baseline=None,

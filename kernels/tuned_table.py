@@ -68,6 +68,8 @@ DB_READS_VERSIONS = ("1", "2")  # version 2 only added columns this runtime does
 SHAPE_FIELDS = ("num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window", "dtype",
                 "layout", "page_size")
 VERSION_FIELDS = ("torch", "cupy", "cutlass", "nvrtc")
+# The host-sync detector layers of a result row (tuner.syncs): debug mode, profiler, Nsight Systems.
+SYNC_COLUMNS = ("syncs_debug", "syncs_profiler", "syncs_nsys")
 DB_ROWS_SQL = """
 SELECT e.sm, e.gpu_name, e.driver, e.cuda, e.torch, e.cupy, e.cutlass, e.nvrtc, e.sources_hash,
        r.env_id, r.preset,
@@ -267,9 +269,12 @@ class Entry(Mapping):
 # Database rows -> entries (shared by the runtime's database reader and `tuner export`)
 
 
-def _syncs(row: dict):
-    vals = [row.get(k) for k in ("syncs_debug", "syncs_profiler", "syncs_nsys")]
-    vals = [v for v in vals if v is not None]
+def sync_count(row) -> int | None:
+    """Blocking host waits per step of a result row (a dict, or anything with `.get`): the most
+    any detector layer saw (`SYNC_COLUMNS`); None when none measured (NULL or NaN everywhere).
+    The one rule: the runtime's entries, `tuner show`, `bench decode` and tuner.syncs use it."""
+    vals = [row.get(k) for k in SYNC_COLUMNS]
+    vals = [v for v in vals if v is not None and v == v]  # NaN (a pandas NULL) != NaN
     return max(vals) if vals else None
 
 
@@ -308,7 +313,7 @@ def _entry_of(ranked: list[dict]) -> dict:
             "median_us": best["median_us"], "num_layers": layers, "per_layer_us": best["per_layer_us"],
             "attention_median_us": best.get("attention_median_us"),
             "store_median_us": best.get("store_median_us"),
-            "syncs": _syncs(best),
+            "syncs": sync_count(best),
             "graph_capturable": None if best.get("graph_capturable") is None
             else bool(best["graph_capturable"]),
             "kv_bytes": best.get("kv_bytes"), "workspace_bytes": best.get("workspace_bytes"),

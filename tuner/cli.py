@@ -90,6 +90,8 @@ def load_results(path, *, sm=None, gpu=None, preset=None, impl=None, status=None
     matches every failed_* status."""
     import pandas as pd
 
+    from drafter_attn.kernels.tuned_table import SYNC_COLUMNS, sync_count
+
     where, args = [], []
     for column, value in (("e.sm", sm), ("r.preset", preset), ("r.impl", impl), ("r.layout", layout),
                           ("r.page_size", page_size), ("r.batch", batch), ("r.ctx_len", ctx_len),
@@ -110,7 +112,8 @@ def load_results(path, *, sm=None, gpu=None, preset=None, impl=None, status=None
     with ProfileDB(path, readonly=True) as db:
         df = db.frame(sql, args)
     # the most host syncs any detector layer measured (NULL where none ran)
-    df["syncs"] = df[["syncs_debug", "syncs_profiler", "syncs_nsys"]].apply(pd.to_numeric).max(axis=1)
+    df["syncs"] = pd.to_numeric(pd.Series([sync_count(r) for r in df[list(SYNC_COLUMNS)].to_dict("records")],
+                                          index=df.index, dtype=object))
     df["kv_mib"] = df["kv_bytes"] / 2**20
     return df
 

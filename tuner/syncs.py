@@ -31,6 +31,8 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from drafter_attn.kernels.tuned_table import sync_count
+
 MARKER = "drafter_step"
 # Runtime / driver API calls that block the host until the device (or a stream) is done.
 BLOCKING_CALLS = frozenset({
@@ -215,10 +217,9 @@ class SyncReport:
 
     @property
     def syncs(self) -> int | None:
-        """The most blocking calls any layer saw; None when no layer measured."""
-        counts = [c for c in (self.debug_syncs, self.profiler and self.profiler.count,
-                              self.nsys and self.nsys.count) if c is not None]
-        return max(counts) if counts else None
+        """The most blocking calls any layer saw; None when no layer measured (the database's
+        rule, kernels.tuned_table.sync_count, over this report's row)."""
+        return sync_count(self.as_row())
 
     def as_row(self) -> dict:
         """Database columns (NULL where a layer did not run)."""
