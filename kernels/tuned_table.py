@@ -330,11 +330,23 @@ def _entry_of(ranked: list[dict]) -> dict:
                            "preset": best.get("preset")}}
 
 
-def select_entries(rows, *, include_predicted: bool = False, where: str = "profile database") -> list[dict]:
-    """Winners per (SM, shape, batch, context) from result rows (dicts with the columns of
-    `DB_ROWS_SQL`): the newest row of each (impl, params) counts; candidates rank by `rank_key`.
-    Predicted rows are left out unless `include_predicted`. Rows that cannot be read (params
-    that are not JSON, a latency that is not a number) are left out with one warning."""
+def row_key(row: dict) -> tuple:
+    """The key of a (clean) result row: the key of the entry it competes for."""
+    return (row["sm"], *(row[f] for f in SHAPE_FIELDS), row["batch"], row["ctx_len"])
+
+
+def candidate_of(row: dict) -> tuple:
+    """What competes within a key: (impl, canonical params JSON, provenance kind)."""
+    return (row["impl"], _canonical(row["params"]), row.get("provenance") or "measured")
+
+
+def group_rows(rows, *, include_predicted: bool = False,
+               where: str = "profile database") -> dict[tuple, list[dict]]:
+    """Result rows (dicts with at least the columns of `DB_ROWS_SQL`) by key (`row_key`), each
+    key's candidates ranked by `rank_key`: the newest row of each candidate (`candidate_of`)
+    counts, with its params parsed and its `per_layer_us`. Predicted rows are left out unless
+    `include_predicted`. Rows that cannot be read (params that are not JSON, a latency that is
+    not a number) are left out with one warning. Keys come in sorted order."""
     groups: dict[tuple, dict[tuple, dict]] = {}
     skipped: list[tuple[str, str]] = []
     for i, raw in enumerate(rows):
@@ -343,20 +355,25 @@ def select_entries(rows, *, include_predicted: bool = False, where: str = "profi
             continue
         try:
             row = _clean_row(raw)
-            key = (row["sm"], *(row[f] for f in SHAPE_FIELDS), row["batch"], row["ctx_len"])
+            key = row_key(row)
         except (EntryError, KeyError) as exc:
             skipped.append((f"row {raw.get('row_order', i)}", str(exc)))
             continue
-        cand = (row["impl"], _canonical(row["params"]), kind)
         seen = groups.setdefault(key, {})
+        cand = candidate_of(row)
         old = seen.get(cand)
         if old is None or _age(row) >= _age(old):
             seen[cand] = row
-    warn_skipped(where, "rows", skipped)
-    entries = []
-    for key in sorted(groups, key=lambda k: tuple(-1 if v is None else v for v in k)):
-        entries.append(_entry_of(sorted(groups[key].values(), key=_row_rank)))
-    return entries
+    warn_skipped(where, "rows", skipped, stacklevel=4)
+    return {key: sorted(groups[key].values(), key=_row_rank)
+            for key in sorted(groups, key=lambda k: tuple(-1 if v is None else v for v in k))}
+
+
+def select_entries(rows, *, include_predicted: bool = False, where: str = "profile database") -> list[dict]:
+    """Winners per (SM, shape, batch, context) from result rows (`group_rows`), as tuned-table
+    entries: the best candidate with up to MAX_ALTERNATIVES runners-up."""
+    return [_entry_of(ranked) for ranked in
+            group_rows(rows, include_predicted=include_predicted, where=where).values()]
 
 
 def make_table(entries: list, source: dict | None = None, created_at: str | None = None,
@@ -609,7 +626,7 @@ def load_entries(path, *, include_predicted: bool = False) -> tuple[list[Entry],
 # Warnings: one per load, each distinct reason once
 
 
-def warn_skipped(where: str, what: str, skipped: list[tuple[str, str]]) -> None:
+def warn_skipped(where: str, what: str, skipped: list[tuple[str, str]], stacklevel: int = 3) -> None:
     """One warning for everything a load left out: (item, why) pairs grouped by why."""
     if not skipped:
         return
@@ -618,4 +635,4 @@ def warn_skipped(where: str, what: str, skipped: list[tuple[str, str]]) -> None:
         groups.setdefault(why, []).append(item)
     detail = "; ".join(f"{why} ({len(items)}x, first {items[0]})" for why, items in groups.items())
     warnings.warn(f"{where}: {len(skipped)} {what} left out (misses; the default heuristic answers "
-                  f"for them): {detail}", RuntimeWarning, stacklevel=3)
+                  f"for them): {detail}", RuntimeWarning, stacklevel=stacklevel)

@@ -6,6 +6,7 @@
     tuner merge DST SRC [SRC ...]         merge databases (e.g. from several machines)
     tuner export --sm 90 --out F.json     tuned table for the runtime (kernels.dispatch)
     tuner diff A.json B.json [--gate]     winner flips and slowdowns between two tables
+    tuner repeat A.db B.db [--figure F]   the same sweep run twice: winner flips and spread
     tuner predict --sm 100 [--from 90]    roofline-projected rows (provenance predicted)
     tuner auto --preset P --page 64 ...   paged or arena for a deployment, with reasons
     tuner rounding --hits 100,2000        context hidden from the drafter by page rounding
