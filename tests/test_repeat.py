@@ -121,3 +121,23 @@ def test_cli_errors(runs, tmp_path, capsys):
     assert "give two databases, or two sweeps" in capsys.readouterr().err
     assert main(["repeat", str(a), str(tmp_path / "missing.db")]) == 2
     assert "no profile database at" in capsys.readouterr().err
+
+
+def test_the_repeat_spec_swept_twice_then_compared(tmp_path, monkeypatch):
+    """scripts/repeatability.sh's steps on fake GPUs: the shipped repeat spec swept into two
+    databases (the fake measure: a fixed time per candidate with 1% noise, another seed per
+    run), then compared; every key and candidate pairs up."""
+    from drafter_attn.tuner.spec import load_spec
+    from drafter_attn.tuner.sweep import run_sweep
+
+    monkeypatch.setenv("FAKE_SM", "90")  # the spec's target; the workers inherit it
+    cands = load_spec("sm90-repeat").candidates()
+    for run, seed in (("a", 1), ("b", 2)):
+        out = run_sweep(cands, tmp_path / f"{run}.db", devices=[None], measure="sweep_fakes:measure_noisy",
+                        fingerprint="sweep_fakes:node_fingerprint", options=dict(seed=seed), progress=False)
+        assert out.by_status == {"ok": 207}
+    rep = repeat.compare_paths(tmp_path / "a.db", tmp_path / "b.db")
+    s = rep["summary"]
+    assert (s["keys"], s["candidates"], s["keys_only_a"], s["candidates_only_b"]) == (36, 207, 0, 0)
+    assert 0.003 < s["spread_median"] < 0.02  # |N(0, 1%) - N(0, 1%)|: median about 0.95%
+    assert s["same_winner_share"] >= 0.8 and s["flips"] == s["keys"] - s["same_winner"]

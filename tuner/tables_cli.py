@@ -222,6 +222,13 @@ def cmd_rounding(args) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+def _gated(p, gate_help: str, func) -> None:
+    """The options a comparing command ends with (--gate, --format) and its function."""
+    p.add_argument("--gate", action="store_true", help=gate_help)
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.set_defaults(func=func)
+
+
 def add_commands(sub, add_db) -> None:
     """Register export, diff, repeat, predict, auto and rounding on tuner's subparsers."""
     p = sub.add_parser("export", help="write a tuned table (JSON) for the runtime",
@@ -244,9 +251,7 @@ def add_commands(sub, add_db) -> None:
     p.add_argument("b", help="the new table")
     p.add_argument("--threshold", type=non_negative_float, default=0.05,
                    help="slowdown/speedup threshold as a fraction (default 0.05 = 5%%)")
-    p.add_argument("--gate", action="store_true", help="exit 1 on any winner flip or slowdown")
-    p.add_argument("--format", choices=["text", "json"], default="text")
-    p.set_defaults(func=cmd_diff)
+    _gated(p, "exit 1 on any winner flip or slowdown", cmd_diff)
 
     p = sub.add_parser("repeat", help="the same sweep run twice: winner flips and spread",
                        description="Compare two runs of one sweep spec: two profile databases, or two "
@@ -265,9 +270,7 @@ def add_commands(sub, add_db) -> None:
                    help="target share of keys with the same winner (default 0.95, issue 14's)")
     p.add_argument("--max-spread", type=non_negative_float,
                    help="target median spread |B/A - 1| (default 0.02 = 2%%, issue 14's)")
-    p.add_argument("--gate", action="store_true", help="exit 1 when a target is missed")
-    p.add_argument("--format", choices=["text", "json"], default="text")
-    p.set_defaults(func=cmd_repeat)
+    _gated(p, "exit 1 when a target is missed", cmd_repeat)
 
     p = sub.add_parser("predict", help="roofline-projected rows for an SM you do not own",
                        description="Project the measured rows of the nearest measured SM onto a "
