@@ -7,7 +7,7 @@
 # DB (optional) is copied to $OUT/sm90.db first: scripts/repeatability.sh's a.db (its spec is a
 # subset of this one), or this script's previous $OUT/sm90.db. Without it the run starts from
 # an empty database (never from an older profile: rows of other parameter sets would compete).
-# The sweep runs for at most $SWEEP_S seconds (default 540; SIGINT keeps every finished row);
+# The sweep runs for at most $SWEEP_S seconds (default 520; SIGINT keeps every finished row);
 # then $OUT/sm90.json is exported (a preview: export again in a git checkout for the commits) and
 # the candidates still to measure are counted. 1288 candidates, about 25 minutes on one H200:
 # bring $OUT/sm90.db back, run again with it until none are left, then commit it as
@@ -21,7 +21,7 @@ if [ -n "${1:-}" ]; then
 fi
 python3 scripts/precompile_gpu_matrix.py --no-tests --sweep "$spec"
 start=$SECONDS
-timeout -s INT -k 30 "${SWEEP_S:-540}" python3 -m drafter_attn.tuner sweep "$spec" --db "$db" --no-progress
+timeout -s INT -k 30 "${SWEEP_S:-520}" python3 -m drafter_attn.tuner sweep "$spec" --db "$db" --no-progress
 echo "sweep: exit $?, $((SECONDS - start)) s"
 python3 - "$db" "$spec" <<'PY'
 import sqlite3, sys
