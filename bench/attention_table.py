@@ -148,6 +148,29 @@ def baseline_names(option: str, geometry) -> list[str]:
     return names
 
 
+def check_memory(geometry, points, pages, names, gpu_bytes: int) -> None:
+    """SystemExit (before anything is measured) naming the largest point whose one-layer step
+    or baseline would not fit `gpu_bytes` of GPU memory (tuner.memory.measurement_bytes)."""
+    from drafter_attn.kernels.footprint import fmt_bytes
+    from drafter_attn.tuner import memory as step_memory
+
+    g1 = geometry.with_(num_layers=1)
+    need = []
+    for batch, ctx in points:
+        for page in [*pages, None]:
+            need.append((step_memory.measurement_bytes(g1, "paged" if page else "arena", page, batch, ctx,
+                                                 g1.block_size), f"{'page ' + str(page) if page else 'arena'} "
+                                                                 f"B={batch} ctx={ctx}"))
+            if page and names:
+                need.append((step_memory.baseline_bytes(g1, page, batch, ctx), f"baselines page {page} B={batch} ctx={ctx}"))
+    worst, what = max(need)
+    usable = int(gpu_bytes * step_memory.USABLE_FRACTION)
+    if worst > usable:
+        raise SystemExit(f"attention table: {what} needs about {fmt_bytes(worst)} of GPU memory, more "
+                         f"than the {fmt_bytes(usable)} usable of this GPU's {fmt_bytes(gpu_bytes)}; "
+                         f"lower --batch or --ctx (or --shapes)")
+
+
 def main(argv=None) -> int:
     import torch
 
@@ -160,6 +183,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     geometry = get_preset(args.preset)
     names = baseline_names(args.baseline, geometry)
+    points = args.shapes or [(b, c) for b in args.batch for c in args.ctx]
+    if not torch.cuda.is_available():
+        raise SystemExit("attention table: no CUDA GPU found (torch.cuda.is_available() is False)")
+    gpu_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    check_memory(geometry, points, args.page, names, gpu_bytes)
     env = fingerprint()
     sm = env.get("sm")
     meta = dict(env, copy_bw_gbps=roofline.copy_bandwidth() / 1e9, graph_fixed_us=floors.empty_graph_us(),
@@ -188,7 +216,7 @@ def main(argv=None) -> int:
                 pd.DataFrame(rows).to_csv(out / "attention.csv", index=False)
 
         seed = 0
-        for batch, ctx in args.shapes or [(b, c) for b in args.batch for c in args.ctx]:
+        for batch, ctx in points:
             for spec in args.impl.split(";"):
                 for page in [*args.page, None]:
                     keep(measure_kernel(spec, geometry, "paged" if page else "arena", page, batch, ctx,

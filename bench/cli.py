@@ -2,7 +2,9 @@
 
     bench decode  [--sm N] [--page 64,128] [--preset NAME | --heads 32/8 --head-dim 128 ...]
                   [--batch 1,8,32] [--ctx 2k,8k,32k] [--accepted 3.4] [--impl auto]
-                  [--baseline auto|none|flashinfer|NAME,...] [--context-chunk 2k] [--db PATH] [--out DIR]
+                  [--table-capacity 128k] [--max-ctx-hint on|off|both]
+                  [--baseline auto|none|flashinfer|NAME,...] [--context-chunk 2k] [--syncs fast|all]
+                  [--db PATH] [--out DIR]
     bench prefill [--chunk 2k] [--ctx 0,8k] ...    the context step: a prompt chunk stored
     bench memory  [--preset NAME] [--max-ctx 1M] [--concurrency 16] [--ctx ...] [--page ...]
     bench report  [--db PATH] [--sm N] [--preset NAME] [--out DIR]
@@ -50,12 +52,21 @@ def _measure_options(p: argparse.ArgumentParser, defaults: dict) -> None:
                    help="committed context lengths (k = 1024, M = 1048576)")
     p.add_argument("--impl", default="auto", metavar="NAME[,NAME...]",
                    help="implementations: auto (kernels.dispatch over $DRAFTER_TUNED_TABLE or the profile "
-                        "database; cupy without kernels.dispatch), or registry names (cupy, reference, ...)")
+                        "database; cupy without kernels.dispatch), or registry names (cupy, reference, ...; "
+                        "reference-syncing: the cupy attention with a store that syncs the host once per "
+                        "layer, a reference showing what a stall costs)")
     p.add_argument("--concurrency", type=opt.concurrency, default=None,
                    help="requests the KV memory model is sized for (default: each row's batch)")
     p.add_argument("--max-ctx", type=opt.max_ctx, default=None,
                    help="tokens one arena slot holds in the KV memory model (default: largest --ctx "
                         "plus the stored rows)")
+    p.add_argument("--table-capacity", type=opt.table_capacities, default=[], metavar="N[,N...]",
+                   help="also measure each paged row with a block table sized for N tokens (as an engine "
+                        "sizes it for the model's longest context; the pool holds only the pages needed), "
+                        "labelled 'paged P tN'; not recorded into the database")
+    p.add_argument("--max-ctx-hint", choices=["on", "off", "both"], default=None,
+                   help="pass the attention the host-side max_ctx hint (ctx + the stored rows): on, off, or "
+                        "both rows (default: both with --table-capacity, else off)")
     p.add_argument("--reps", type=opt.non_negative_int, default=0,
                    help="timed graph replays per timing; 0 picks them from the step's length")
     p.add_argument("--db", default=None, metavar="PATH",
@@ -93,7 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "first two; auto: every one installed that takes the geometry")
     d.add_argument("--context-chunk", type=opt.chunks, default=[], metavar="N[,N...]",
                    help="also measure the context step (a prompt chunk of N rows stored per request)")
-    d.add_argument("--nsys", action="store_true", help="also count host syncs under Nsight Systems (needs nsys)")
+    d.add_argument("--syncs", choices=("fast", "all", "nsys"), default="fast",
+                   help="host-sync layers per step: fast = torch sync-debug mode and the torch profiler (in "
+                        "process); all (or nsys) = those and Nsight Systems (a profiled subprocess per step; nsys "
+                        "from PATH, $NSYS or /opt/nvidia; exit 2 when it is missing or lacks a library)")
+    d.add_argument("--nsys", action="store_true", help="the same as --syncs all")
 
     pf = sub.add_parser(
         "prefill", formatter_class=_Formatter,
@@ -143,10 +158,13 @@ def _measure_plan(args, geometry, label: str):
         return decode.plan("decode", geometry, label, preset, pages=args.page, batches=args.batch,
                            ctxs=args.ctx, impls=impls, accepted=args.accepted,
                            context_chunks=args.context_chunk, baseline=args.baseline, reps=args.reps,
-                           nsys=args.nsys, concurrency=args.concurrency, max_ctx=args.max_ctx)
+                           nsys=args.nsys or args.syncs in ("all", "nsys"), concurrency=args.concurrency,
+                           max_ctx=args.max_ctx, table_capacities=args.table_capacity,
+                           max_ctx_hint=args.max_ctx_hint)
     return decode.plan("prefill", geometry, label, preset, pages=args.page, batches=args.batch,
                        ctxs=args.ctx, impls=impls, context_chunks=args.chunk, decode=False,
-                       baseline="none", reps=args.reps, concurrency=args.concurrency, max_ctx=args.max_ctx)
+                       baseline="none", reps=args.reps, concurrency=args.concurrency, max_ctx=args.max_ctx,
+                       table_capacities=args.table_capacity, max_ctx_hint=args.max_ctx_hint)
 
 
 def _select_gpu(args, command: str):
@@ -213,6 +231,8 @@ def _print_results(rows, title: str, args, console, echo) -> list[str]:
     summary = decode.summary_lines(rows)
     for line in summary:
         echo(line)
+    for line in decode.sync_lines(rows):
+        echo(line)
     syncing = [r for r in rows if r.get("syncs")]
     if syncing:
         console.print(f"[red]{len(syncing)} row(s) with blocking host syncs inside the step[/] (see the syncs columns)")
@@ -249,7 +269,10 @@ def cmd_measure(args, argv) -> int:
     command = f"bench {args.command}"
     geometry, label = opt.geometry_from_args(args)
     p = _measure_plan(args, geometry, label)
+    if p.nsys:
+        p.notes.append(decode.require_nsys())
     gpu = _select_gpu(args, command)
+    decode.check_memory(p, gpu.memory_bytes, gpu.sm)
     out = _out_dir(command, decode.results_dir(gpu.sm) if args.out is None else args.out)
     db = _open_db(args, command)
     console, echo = _measure_console(args)

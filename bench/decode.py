@@ -10,9 +10,18 @@ baselines (kernels.baselines: FlashInfer fa2 with its per-shape plan and with it
 TensorRT-LLM's XQA), when installed and when they take the geometry, run beside (attention only:
 one layer measured, times the layer count for the step).
 
-`plan()` turns options into jobs (no GPU needed); `execute()` measures them with injectable
-measure functions (the CPU tests pass fakes); `finish()` adds the paged-over-arena overhead and
-the KV memory model of the configured concurrency and max context.
+`--table-capacity N` adds, for every paged row, the same step with the block table sized for N
+tokens (an engine sizes it for the model's longest context; the pool still holds only the pages
+needed), without and with the host-side `max_ctx` hint (`--max-ctx-hint`): the first shows what
+the table's width costs, the second what the hint recovers (`over_fitted_pct`). Those rows are
+not recorded into the profile database: its problem key has no table width, and they would stand
+for the fitted table's rows in `tuner export`, `kernels.dispatch` and a sweep's resume.
+
+`plan()` turns options into jobs (no GPU needed); `check_memory()` refuses a job whose tensors
+would not fit the GPU (tuner.memory.measurement_bytes) before anything is measured; `execute()`
+measures them with injectable measure functions (the CPU tests pass fakes); `finish()` adds the
+paged-over-arena overhead, the cost over the fitted table and the KV memory model of the
+configured concurrency and max context.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from pathlib import Path
 from drafter_attn.bench.options import BenchError
 from drafter_attn.kernels import footprint as kvmem
 from drafter_attn.kernels.tuned_table import sync_count
+from drafter_attn.tuner import memory as step_memory
 
 DECODE, CONTEXT = "decode", "context"
 FALLBACK_IMPL = "cupy"
@@ -45,6 +55,24 @@ class Job:
     page: int | None
     batch: int
     ctx: int
+    table: int | None = None  # tokens the block table addresses (None: fitted to the context)
+    hint: bool = False  # the attention gets the host-side max_ctx hint
+
+    @property
+    def step_options(self) -> dict:
+        """What the measurement passes to its step (tuner.step.DecodeStep); empty for the
+        plain step, so measure functions without these options still serve it."""
+        out = {}
+        if self.table is not None:
+            out["table_capacity"] = self.table
+        if self.hint:
+            out["max_ctx_hint"] = True
+        return out
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the row goes into the profile database (a wide table's rows do not)."""
+        return self.table is None
 
 
 @dataclass
@@ -65,6 +93,8 @@ class Plan:
     nsys: bool = False
     concurrency: int | None = None  # None: each row's batch
     max_ctx: int | None = None  # None: largest context + the store's rows
+    table_capacities: list[int] = field(default_factory=list)  # --table-capacity (tokens)
+    max_ctx_hint: str = "off"  # --max-ctx-hint: on, off or both
     notes: list[str] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
     interrupted: bool = False  # set by execute() on Ctrl-C: the rows so far are kept
@@ -87,7 +117,9 @@ class Plan:
                     pages=self.pages, batches=self.batches, ctxs=self.ctxs, impls=self.impls,
                     steps=[dict(step=s, chunk=c) for s, c in self.steps], accepted=self.accepted,
                     rows_stored=self.rows_stored, baselines=self.baselines, reps=self.reps,
-                    nsys=self.nsys, concurrency=self.concurrency, max_ctx=self.max_ctx, notes=self.notes)
+                    nsys=self.nsys, concurrency=self.concurrency, max_ctx=self.max_ctx,
+                    table_capacities=self.table_capacities, max_ctx_hint=self.max_ctx_hint,
+                    notes=self.notes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,9 +175,26 @@ def check_impls(impls: list[str]) -> list[str]:
     return list(dict.fromkeys(impls))
 
 
+# Context lengths are int32 on the device, and a position plus the stored rows must stay one.
+MAX_TOKENS = 2**31 - 1
+HINT_CHOICES = ("on", "off", "both")
+
+
+def table_variants(table_capacities, max_ctx_hint: str | None) -> tuple[str, list[tuple[int | None, bool]]]:
+    """(the --max-ctx-hint in effect, the (table capacity, hint) variants of each paged row).
+    The fitted table comes first, hinted only with `on`; each wide table follows without the
+    hint, with it, or both (the default when a table capacity is given)."""
+    option = max_ctx_hint or ("both" if table_capacities else "off")
+    if option not in HINT_CHOICES:
+        raise BenchError(f"--max-ctx-hint {option}: expected one of {', '.join(HINT_CHOICES)}")
+    hints = {"on": [True], "off": [False], "both": [False, True]}[option]
+    variants = [(None, option == "on")] + [(t, h) for t in table_capacities for h in hints]
+    return option, variants
+
+
 def plan(command: str, geometry, label: str, preset: str | None, *, pages, batches, ctxs, impls,
          accepted=None, context_chunks=(), decode=True, baseline="auto", reps=0, nsys=False,
-         concurrency=None, max_ctx=None) -> Plan:
+         concurrency=None, max_ctx=None, table_capacities=(), max_ctx_hint=None) -> Plan:
     """Validate the options and list the jobs. Raises BenchError with what to change."""
     impls = check_impls(impls)
     rows = rows_stored_for(accepted, geometry.block_size)
@@ -153,22 +202,69 @@ def plan(command: str, geometry, label: str, preset: str | None, *, pages, batch
     if not steps:
         raise BenchError("nothing to measure: no decode step and no context chunk")
     names, notes = baselines_wanted(baseline, geometry) if decode else ([], [])
+    hint_option, variants = table_variants(list(table_capacities), max_ctx_hint)
     p = Plan(command, geometry, label, preset, list(pages), list(batches), list(ctxs), impls, steps,
-             accepted, rows, names, reps, nsys, concurrency, max_ctx)
+             accepted, rows, names, reps, nsys, concurrency, max_ctx, list(table_capacities), hint_option)
     p.notes.extend(notes)
+    from drafter_attn.kernels import registry
+
+    for impl in impls:
+        if registry.reference_only(impl):
+            p.notes.append(f"{impl}: {registry.reference_only(impl)}; timed eagerly (no CUDA graph)")
     for step, chunk in steps:
         room = geometry.block_size if step == DECODE else chunk
         if max_ctx is not None and max(ctxs) + room > max_ctx:
             raise BenchError(f"--max-ctx {max_ctx}: the largest context {max(ctxs)} plus the {room} rows "
                              f"a {step} step stores do not fit; raise --max-ctx or lower --ctx")
-    layouts = [("paged", s) for s in pages] + [("arena", None)]
+        if max(ctxs) + room > MAX_TOKENS:
+            raise BenchError(f"--ctx {max(ctxs)}: plus the {room} rows a {step} step stores it passes "
+                             f"{MAX_TOKENS} tokens, the int32 context lengths of the kernels")
+        for cap in table_capacities:
+            if max(ctxs) + room > cap:
+                raise BenchError(f"--table-capacity {cap}: the largest context {max(ctxs)} plus the {room} "
+                                 f"rows a {step} step stores do not fit a table that wide; raise "
+                                 f"--table-capacity or lower --ctx")
+            if cap > MAX_TOKENS:
+                raise BenchError(f"--table-capacity {cap}: more than {MAX_TOKENS} tokens, the int32 "
+                                 f"context lengths of the kernels")
+    if table_capacities:
+        p.notes.append("rows with --table-capacity tables are not recorded into the profile database "
+                       "(its problem key has no table width; they would stand for the fitted table's rows)")
+    layouts = [("paged", s, t, h) for s in pages for t, h in variants] + [("arena", None, None, False)]
     for step, chunk in steps:
         for impl in impls:
             for batch in batches:
                 for ctx in ctxs:
-                    for layout, page in layouts:
-                        p.jobs.append(Job(step, chunk, impl, layout, page, batch, ctx))
+                    for layout, page, table, hint in layouts:
+                        p.jobs.append(Job(step, chunk, impl, layout, page, batch, ctx, table, hint))
     return p
+
+
+def job_bytes(p: Plan, job: Job) -> int:
+    """GPU bytes one job's measurement needs at its peak (tuner.memory.measurement_bytes)."""
+    room = p.geometry.block_size if job.step == DECODE else job.chunk
+    return step_memory.measurement_bytes(p.geometry, job.layout, job.page, job.batch, job.ctx, room, job.table)
+
+
+def check_memory(p: Plan, gpu_bytes: int, sm: int | None = None) -> None:
+    """BenchError (before anything is measured) when a job or baseline row would not fit
+    `gpu_bytes` of GPU memory, naming the largest and what to lower."""
+    need = [(job_bytes(p, j), f"{j.step} {j.layout}" + (f" page {j.page}" if j.page else "")
+             + (f" table {j.table}" if j.table else "") + f" B={j.batch} ctx={j.ctx}") for j in p.jobs]
+    need += [(step_memory.baseline_bytes(p.geometry, page, b, c), f"baseline {name} page {page} B={b} ctx={c}")
+             for name, b, c, page in p.baseline_jobs(sm)]
+    if not need:
+        return
+    worst, what = max(need)
+    usable = int(gpu_bytes * step_memory.USABLE_FRACTION)
+    if worst > usable:
+        n = sum(1 for b, _ in need if b > usable)
+        raise BenchError(
+            f"bench {p.command}: {what} needs about {kvmem.fmt_bytes(worst)} of GPU memory (its "
+            f"{p.geometry.num_layers} layers' K/V, the correctness check's copy of one layer and "
+            f"the read floor's buffer of the step's bytes), more than the {kvmem.fmt_bytes(usable)} "
+            f"usable of this GPU's {kvmem.fmt_bytes(gpu_bytes)}; {n} of {len(need)} rows do not "
+            f"fit. Lower --batch, --ctx or --layers (e.g. --layers 1), or --table-capacity")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,6 +329,37 @@ def default_measures():
     return measure_candidate, measure_context, measure_baseline
 
 
+def require_nsys(find=None) -> str:
+    """The line saying which nsys `--syncs all` runs; BenchError (exit 2) when none is found or
+    it cannot import its captures (the note names the missing library)."""
+    from drafter_attn.tuner import nsys as nsys_tool
+
+    install = (find or nsys_tool.find_nsys)()
+    if not install.usable:
+        raise BenchError(f"--syncs all: {install.note}")
+    return (f"nsys layer: {install.path}" + (f" ({install.version})" if install.version else "")
+            + f", found via {install.found_via}; only the timed steps are captured (cudaProfilerStart/Stop)")
+
+
+def sync_lines(rows: list[dict]) -> list[str]:
+    """Per row whose step syncs, or where Nsight Systems ran: the blocking syncs per step and the
+    host time blocked from every layer side by side, and whether the layers agree."""
+    out = []
+    for r in rows:
+        if r.get("status") != "ok" or not (r.get("syncs") or r.get("syncs_nsys") is not None):
+            continue
+        layers = {"sync-debug": r.get("syncs_debug"), "profiler": r.get("syncs_profiler"), "nsys": r.get("syncs_nsys")}
+        ran = {k: v for k, v in layers.items() if v is not None}
+        agree = "agree" if len(set(ran.values())) == 1 else "DISAGREE"
+        blocked = ", ".join(f"{name} {r[key]:.1f} us" for name, key in (("profiler", "sync_host_us"), ("nsys", "sync_host_us_nsys"))
+                            if isinstance(r.get(key), (int, float)))
+        layout = f"paged {r['page_size']}" if r["layout"] == "paged" else "arena"
+        out.append(f"syncs per step, {r['impl']} {layout} B={r['batch']} ctx={r['ctx']}: "
+                   + ", ".join(f"{k} {v}" for k, v in layers.items() if v is not None)
+                   + f" ({agree}); host blocked per step: {blocked or 'not measured'}")
+    return out
+
+
 def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measure_baseline=None,
             echo=print, sweep_id: str | None = None) -> list[dict]:
     """Measure every job of `p` (and the baseline), recording each result in `db` the moment it
@@ -255,7 +382,7 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
     picks: dict[tuple, ImplPick] = {}
     counts: dict[tuple, int] = {}
     for job in p.jobs:
-        problem = Problem(p.geometry, job.layout, job.page, job.batch, job.ctx)
+        problem = _pick_problem(p, job)
         key = (job.impl_option, problem)
         if key not in picks:
             picks[key] = resolve_impl(job.impl_option, problem, dispatcher=dispatcher,
@@ -268,15 +395,16 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
     try:
         for n, job in enumerate(p.jobs, 1):
             problem = Problem(p.geometry, job.layout, job.page, job.batch, job.ctx)
-            pick = picks[(job.impl_option, problem)]
+            pick = picks[(job.impl_option, _pick_problem(p, job))]
             impl, params, note = pick.impl, pick.params, pick.note
             stored = p.rows_stored if job.step == DECODE else float(job.chunk)
             cand = Candidate(problem, impl, tuple(sorted(params.items())), stored, p.preset)
             if job.step == DECODE:
-                result = measure(cand.to_wire(), reps=p.reps, nsys=p.nsys)
+                result = measure(cand.to_wire(), reps=p.reps, nsys=p.nsys, **job.step_options)
             else:
-                result = measure_context(cand.to_wire(), job.chunk, reps=p.reps)
-            db.add_result(result_row(cand, result, env_id, sweep_id, "bench"))
+                result = measure_context(cand.to_wire(), job.chunk, reps=p.reps, **job.step_options)
+            if job.recorded:
+                db.add_result(result_row(cand, result, env_id, sweep_id, "bench"))
             row = _output_row(p, job, cand, result, note)
             rows.append(row)
             echo(f"[{n}/{total}] {_describe(row)}")
@@ -292,6 +420,16 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
         p.interrupted = True
         echo(f"interrupted: keeping the {len(rows)} rows measured so far")
     return finish(p, rows)
+
+
+def _pick_problem(p: Plan, job: Job):
+    """The problem `--impl auto` picks for: the job's own, except that a wide table without the
+    hint is picked at the table's capacity, as kernels.dispatch.Runtime picks for an engine that
+    passes no hint (with the hint it picks from the real length, as for a fitted table)."""
+    from drafter_attn.kernels.spec import Problem
+
+    ctx = job.table if job.table is not None and not job.hint else job.ctx
+    return Problem(p.geometry, job.layout, job.page, job.batch, ctx)
 
 
 # The whole-step latency columns: a baseline has none (it runs one layer's attention, no store).
@@ -317,6 +455,7 @@ def _output_row(p: Plan, job: Job, cand, result: dict, note: str) -> dict:
     row = dict(step=job.step, chunk=job.chunk, preset=p.label, impl_option=job.impl_option,
                impl=cand.impl, params=json.dumps(cand.params_dict, sort_keys=True), impl_note=note,
                layout=job.layout, page_size=job.page, batch=job.batch, ctx=job.ctx,
+               table_capacity=job.table, max_ctx_hint=job.hint,
                accepted=p.accepted if job.step == DECODE else None, rows_stored=cand.accepted,
                layers=p.geometry.num_layers, scope="step")
     row.update(result)
@@ -343,6 +482,10 @@ def _baseline_row(p: Plan, cand, result: dict) -> dict:
 
 def _describe(row: dict) -> str:
     layout = f"paged p{row['page_size']}" if row["layout"] == "paged" else "arena"
+    if row.get("table_capacity"):
+        layout += f" table {row['table_capacity']}"
+    if row.get("max_ctx_hint"):
+        layout += " +hint"
     step = row["step"] + (f"(chunk {row['chunk']})" if row.get("chunk") else "")
     what = f"{step} {row['impl']} {layout} B={row['batch']} ctx={row['ctx']}"
     if row.get("status") == "ok":
@@ -357,20 +500,29 @@ def finish(p: Plan, rows: list[dict]) -> list[dict]:
 
     arena = {(r["step"], r["chunk"], r["impl_option"], r["batch"], r["ctx"]): r["median_us"]
              for r in rows if r["layout"] == "arena" and r.get("status") == "ok"}
+    fitted = {(r["step"], r["chunk"], r["impl_option"], r["page_size"], r["batch"], r["ctx"]): r["median_us"]
+              for r in rows if r["layout"] == "paged" and r.get("status") == "ok"
+              and not r.get("table_capacity") and not baselines.is_baseline(r["impl"])}
     for r in rows:
-        r["overhead_pct"] = None
+        r["overhead_pct"] = r["over_fitted_pct"] = None
         if r["layout"] == "paged" and r.get("status") == "ok" and not baselines.is_baseline(r["impl"]):
             a = arena.get((r["step"], r["chunk"], r["impl_option"], r["batch"], r["ctx"]))
             if a:
                 r["overhead_pct"] = (r["median_us"] / a - 1) * 100
+            f = fitted.get((r["step"], r["chunk"], r["impl_option"], r["page_size"], r["batch"], r["ctx"]))
+            if f and r.get("table_capacity"):
+                r["over_fitted_pct"] = (r["median_us"] / f - 1) * 100
         room = p.geometry.block_size if r["step"] == DECODE else r["chunk"]
         conc = p.concurrency or r["batch"]
         max_ctx = p.max_ctx or max(p.ctxs) + room
         page = r["page_size"] or 16  # the arena's figure does not depend on it
         fp = kvmem.footprint(p.geometry, conc, r["ctx"], page, max_ctx, store_rows=room)
+        paged = fp.paged_bytes
+        if r.get("table_capacity"):  # the same pages, the block table as wide as asked
+            paged += kvmem.block_table_bytes(conc, r["table_capacity"], page) - fp.table_bytes
         r.update(kv_concurrency=conc, kv_max_ctx=max_ctx, kv_arena_model_bytes=fp.arena_bytes,
-                 kv_model_bytes=fp.paged_bytes if r["layout"] == "paged" else fp.arena_bytes,
-                 kv_arena_over_paged=fp.arena_over_paged if r["layout"] == "paged" else None)
+                 kv_model_bytes=paged if r["layout"] == "paged" else fp.arena_bytes,
+                 kv_arena_over_paged=fp.arena_bytes / paged if r["layout"] == "paged" else None)
     return rows
 
 
@@ -430,19 +582,37 @@ def failed(rows: list[dict]) -> list[dict]:
     return [r for r in rows if str(r.get("status", "")).startswith("failed")]
 
 
+def _median(vals: list[float]) -> float:
+    vals = sorted(vals)
+    return vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
+
+
 def summary_lines(rows: list[dict]) -> list[str]:
-    """One line per (step, impl, page): the median paged-over-arena overhead across rows."""
+    """One line per (step, impl, page) of fitted tables: the median paged-over-arena overhead
+    across rows; then one per wide table (and hint): the median cost over the fitted table."""
     groups: dict[tuple, list[float]] = {}
+    wide: dict[tuple, list[float]] = {}
     for r in rows:
-        if r.get("overhead_pct") is not None:
+        if r.get("table_capacity"):
+            if r.get("over_fitted_pct") is not None:
+                wide.setdefault((r["step"], r["chunk"], r["impl_option"], r["page_size"], r["table_capacity"],
+                                 bool(r.get("max_ctx_hint"))), []).append(r["over_fitted_pct"])
+        elif r.get("overhead_pct") is not None:
             groups.setdefault((r["step"], r["chunk"], r["impl_option"], r["page_size"]), []).append(r["overhead_pct"])
     out = []
     for (step, chunk, impl, page), vals in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0,
                                                                                    kv[0][2], kv[0][3])):
         vals.sort()
-        med = vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
         tag = step + (f" chunk {chunk}" if chunk else "")
-        out.append(f"{tag} {impl} page {page}: paged over arena median {med:+.2f}% "
+        out.append(f"{tag} {impl} page {page}: paged over arena median {_median(vals):+.2f}% "
                    f"(min {vals[0]:+.2f}%, max {vals[-1]:+.2f}%, {len(vals)} rows)")
+    for (step, chunk, impl, page, table, hint), vals in sorted(wide.items(), key=lambda kv: (
+            kv[0][0], kv[0][1] or 0, kv[0][2], kv[0][3], kv[0][4], kv[0][5])):
+        vals.sort()
+        tag = step + (f" chunk {chunk}" if chunk else "")
+        how = "with the max_ctx hint" if hint else "without a hint"
+        out.append(f"{tag} {impl} page {page}: block table of {table} tokens, {how}: over the fitted "
+                   f"table median {_median(vals):+.2f}% (min {vals[0]:+.2f}%, max {vals[-1]:+.2f}%, "
+                   f"{len(vals)} rows)")
     return out
 

@@ -66,6 +66,10 @@ def max_ctx(text: str) -> int:
     return size(text, what="max context (tokens)")
 
 
+def table_capacities(text: str) -> list[int]:
+    return sizes(text, what="block-table capacities (tokens)")
+
+
 def concurrency(text: str) -> int:
     return size(text, what="concurrency (requests)")
 

@@ -12,6 +12,7 @@ import pandas as pd
 
 from drafter_attn.kernels.baselines import is_baseline
 from drafter_attn.kernels.footprint import fmt_bytes
+from drafter_attn.kernels.tuned_table import SYNC_COLUMNS
 from drafter_attn.tuner.cli_checks import write_whole
 
 # Line style of each baseline in the plots (colour follows the page size).
@@ -20,9 +21,10 @@ BASELINE_DASH = {"flashinfer-fa2": "--", "flashinfer-fa2-graph": ":", "trtllm-xq
 # CSV column order (anything else a row carries follows).
 COLUMNS = (
     "step", "chunk", "preset", "impl_option", "impl", "params", "impl_note", "scope", "layout",
-    "page_size", "batch", "ctx", "accepted", "rows_stored", "layers", "status", "reason",
+    "page_size", "table_capacity", "max_ctx_hint", "batch", "ctx", "accepted", "rows_stored", "layers",
+    "status", "reason",
     "median_us", "p10_us", "p90_us", "mean_us", "min_us", "count", "repeat_median_us", "l2_flushed",
-    "overhead_pct", "attention_median_us", "attention_p10_us", "attention_p90_us",
+    "overhead_pct", "over_fitted_pct", "attention_median_us", "attention_p10_us", "attention_p90_us",
     "store_median_us", "store_p10_us", "store_p90_us",
     "syncs", "syncs_debug", "syncs_profiler", "sync_host_us", "dtoh_copies", "syncs_nsys",
     "sync_host_us_nsys", "graph_capturable", "sync_note",
@@ -32,7 +34,7 @@ COLUMNS = (
 )
 
 
-INT_COLUMNS = ("chunk", "page_size", "batch", "ctx", "layers", "count", "syncs", "syncs_debug",
+INT_COLUMNS = ("chunk", "page_size", "table_capacity", "batch", "ctx", "layers", "count", "syncs", "syncs_debug",
                "syncs_profiler", "dtoh_copies", "syncs_nsys", "bytes_moved", "kv_concurrency",
                "kv_max_ctx", "kv_model_bytes", "kv_arena_model_bytes", "kv_bytes", "workspace_bytes",
                "peak_bytes")
@@ -58,7 +60,17 @@ def _f(x, fmt: str, none: str = "-") -> str:
 
 
 def _layout(r: dict) -> str:
-    return f"paged {r['page_size']}" if r["layout"] == "paged" else "arena"
+    """'paged 64', 'arena'; a block table sized for more than the context adds 't128k' (its
+    capacity in tokens) and '+hint' when the attention got the max_ctx hint: 'paged 64 t128k+hint'
+    ('paged 64 +hint' on a fitted table)."""
+    if r["layout"] != "paged":
+        return "arena"
+    text = f"paged {r['page_size']} "
+    if _num(r.get("table_capacity")):
+        text += f"t{_ctx(int(r['table_capacity']))}"
+    if r.get("max_ctx_hint") is True:
+        text += "+hint"
+    return text.rstrip()
 
 
 def _ctx(n: int) -> str:
@@ -69,8 +81,10 @@ def _ctx(n: int) -> str:
 
 def sort_key(r: dict):
     base = is_baseline(r["impl"])
+    table = r.get("table_capacity")
     return (r["step"], r.get("chunk") or 0, r["batch"], r["ctx"], base, r["impl_option"],
-            r["layout"] != "arena", r.get("page_size") or 0)
+            r["layout"] != "arena", r.get("page_size") or 0, table if _num(table) else 0,
+            r.get("max_ctx_hint") is True)
 
 
 def _over(r: dict) -> str:
@@ -82,10 +96,25 @@ def _over(r: dict) -> str:
 
 
 def _syncs(r: dict) -> str:
-    syncs = r.get("syncs")
+    """Blocking host syncs per step from each layer side by side: sync-debug mode / torch
+    profiler / Nsight Systems ("-" where a layer did not run), red when any is not zero."""
     if r.get("status") != "ok":
         return "-"
-    return "n/a" if syncs is None else (f"[red]{syncs}[/]" if syncs else "0")
+    layers = [r.get(k) for k in SYNC_COLUMNS]
+    if all(not _num(v) for v in layers):
+        return "n/a"
+    text = "/".join(str(int(v)) if _num(v) else "-" for v in layers)
+    return f"[red]{text}[/]" if any(_num(v) and v for v in layers) else text
+
+
+def _blocked(r: dict) -> str:
+    """Host time blocked per step (us): torch profiler / Nsight Systems."""
+    if r.get("status") != "ok":
+        return "-"
+    layers = [r.get(k) for k in ("sync_host_us", "sync_host_us_nsys")]
+    if all(not _num(v) for v in layers):
+        return "-"
+    return "/".join(_f(v, ".1f") for v in layers)
 
 
 def _status(r: dict, width: int = 80) -> str:
@@ -97,6 +126,14 @@ def _status(r: dict, width: int = 80) -> str:
     return f"[red]{escape(str(r.get('status')))}[/]" + (f": {escape(reason[0][:width])}" if reason else "")
 
 
+def _over_fitted(r: dict) -> str:
+    over = r.get("over_fitted_pct")
+    if not _num(over):
+        return "-"
+    style = "green" if over <= 3 else ("yellow" if over <= 10 else "red")
+    return f"[{style}]{over:+.1f}%[/]"
+
+
 def _x_floor(r: dict) -> str:
     """How far above the read floor of its own bytes a row is (1.00x = at the floor)."""
     floor, median = r.get("read_floor_us"), r.get("median_us")
@@ -104,7 +141,8 @@ def _x_floor(r: dict) -> str:
 
 
 # (header, justify, cell, view): view None shows in both tables, "wide" only with --wide, "narrow"
-# only without it. The default (narrow) set fits a 120-column terminal.
+# only without it, "table" only when some row has a --table-capacity table. The default (narrow)
+# set fits a 120-column terminal.
 TABLE_COLUMNS = (
     ("step", "left", lambda r: r["step"] + (f" {_ctx(r['chunk'])}" if r.get("chunk") else ""), None),
     ("impl", "left", lambda r: r["impl"] + (f" (attn x{r['layers']})" if r.get("scope", "step") != "step" else ""), None),
@@ -117,9 +155,11 @@ TABLE_COLUMNS = (
     ("attn us", "right", lambda r: _f(r.get("attention_median_us"), ".1f"), None),
     ("store us", "right", lambda r: _f(r.get("store_median_us"), ".1f"), "wide"),
     ("vs arena", "right", _over, None),
+    ("vs fit", "right", _over_fitted, "table"),
     ("x floor", "right", _x_floor, None),
     ("read floor us", "right", lambda r: _f(r.get("read_floor_us"), ".1f"), "wide"),
     ("syncs", "right", _syncs, None),
+    ("blocked us p/n", "right", _blocked, "wide"),
     ("KV (model)", "right", lambda r: fmt_bytes(r["kv_model_bytes"]) if _num(r.get("kv_model_bytes")) else "-", None),
     ("GB/s", "right", lambda r: _f(r.get("bandwidth_gbs"), ".0f"), "wide"),
     ("copy roofline", "right", lambda r: _f(r.get("roofline_fraction"), ".2f"), "wide"),
@@ -140,11 +180,19 @@ def print_table(rows: list[dict], title: str, console=None, wide: bool = False) 
         console = Console()
         if not console.is_terminal:
             console = Console(width=220 if wide else 120)
-    columns = [c for c in TABLE_COLUMNS if c[3] in (None, "wide" if wide else "narrow")]
+    tables = any(_num(r.get("table_capacity")) for r in rows)
+    views = (None, "wide" if wide else "narrow") + (("table",) if tables else ())
+    columns = [c for c in TABLE_COLUMNS if c[3] in views]
+    caption = ("x floor: median over the read floor of the same bytes (1.00x = at the floor); "
+               "syncs: blocking host syncs per step, sync-debug mode/torch profiler/Nsight Systems "
+               "(- not run); --wide shows every column, the host time they blocked too") if not wide else ""
+    if tables:
+        caption += ("; tN: the block table sized for N tokens (the pool holds only the pages "
+                    "needed); +hint: the attention got the host-side max_ctx; vs fit: over the "
+                    "same row with a table fitted to the context")
     t = Table(title=title, title_justify="left", show_lines=False, header_style="bold", box=box.SIMPLE_HEAD,
               padding=(0, 1), pad_edge=False, collapse_padding=True,
-              caption="x floor: median over the read floor of the same bytes (1.00x = at the floor); "
-                      "--wide shows every column" if not wide else None, caption_justify="left")
+              caption=caption.lstrip("; ") or None, caption_justify="left")
     for name, justify, _, _ in columns:
         t.add_column(name, justify=justify, no_wrap=name not in ("status", "impl"),
                      overflow="fold" if name == "impl" else "ellipsis")
@@ -185,7 +233,10 @@ def _style(r: dict, pages: list, cmap) -> dict:
     if r["layout"] == "arena":
         return dict(color="black", linestyle="-", marker="s", linewidth=2)
     k = pages.index(r["page_size"])
-    return dict(color=cmap(0.15 + 0.7 * k / max(1, len(pages) - 1)), linestyle="-", marker="o")
+    wide = _num(r.get("table_capacity"))
+    dash = (":" if r.get("max_ctx_hint") is True else "--") if wide else "-"
+    return dict(color=cmap(0.15 + 0.7 * k / max(1, len(pages) - 1)), linestyle=dash,
+                marker="^" if wide else "o")
 
 
 def ctx_axis(ax, ctxs) -> None:

@@ -4,7 +4,8 @@ Rows are the database's `ok` results (from `bench decode` and `tuner sweep` alik
 environment and candidate. For each GPU (SM, name) and geometry: one PNG of step latency against
 context (one panel per batch; arena, each page size, and the FlashInfer baseline, whose one-layer
 attention rows are scaled by the layer count), and in report.md the paged-over-arena overhead per
-page size and a latency table.
+page size, a latency table and, where a row syncs the host or Nsight Systems measured it, the
+host syncs of every layer side by side.
 
 Context steps (`bench prefill`) are rows whose stored rows per request (the `accepted` column)
 exceed the block size; they are summarised apart from decode steps, as "context <rows>".
@@ -20,7 +21,7 @@ import pandas as pd
 
 from drafter_attn.bench.options import BenchError
 from drafter_attn.bench.output import BASELINE_DASH, ctx_axis, save_figure
-from drafter_attn.kernels import baselines
+from drafter_attn.kernels import baselines, tuned_table
 from drafter_attn.tuner.cli_checks import write_whole
 
 GEOM_COLS = ["num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window", "num_layers", "dtype"]
@@ -179,6 +180,27 @@ def _md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+SYNC_COLUMNS = {"syncs_debug": "debug", "syncs_profiler": "profiler", "syncs_nsys": "nsys",
+                "sync_host_us": "blocked us (profiler)", "sync_host_us_nsys": "blocked us (nsys)"}
+
+
+def sync_table(g: pd.DataFrame) -> pd.DataFrame:
+    """The rows of `g` that Nsight Systems measured or that sync the host, with every layer's
+    figures side by side (empty when there are none)."""
+    if g.empty or not set(SYNC_COLUMNS) <= set(g.columns):
+        return pd.DataFrame()
+    counts = g[list(tuned_table.SYNC_COLUMNS)].apply(pd.to_numeric)
+    keep = g["syncs_nsys"].notna() | (counts.fillna(0) > 0).any(axis=1)
+    if not keep.any():
+        return pd.DataFrame()
+    t = g[keep].copy()
+    t["layout"] = [f"paged {int(p)}" if lay == "paged" else "arena" for lay, p in zip(t["layout"], t["page_size"])]
+    t = t[["step", "impl", "layout", "batch", "ctx_len", *SYNC_COLUMNS]].rename(columns=SYNC_COLUMNS)
+    for c in ("debug", "profiler", "nsys"):
+        t[c] = pd.to_numeric(t[c]).astype("Int64")
+    return t.sort_values(["step", "impl", "layout", "batch", "ctx_len"]).reset_index(drop=True)
+
+
 def _provenance_counts(df: pd.DataFrame) -> str:
     """"54 measured rows", or "3 measured and 54 predicted rows" (tuner predict's projections)."""
     predicted = int((df["provenance"] == "predicted").sum()) if "provenance" in df else 0
@@ -225,6 +247,11 @@ def build(df: pd.DataFrame, out: Path, db_path) -> tuple[Path, list[Path]]:
                 .reset_index())
         wide.columns.name = None
         lines += ["Median latency (us):", "", _md_table(wide), ""]
+        syncs = sync_table(g)
+        if not syncs.empty:
+            lines += ["Host syncs per step, every layer that ran (debug: torch sync-debug mode, profiler: "
+                      "torch profiler, nsys: Nsight Systems; blocked: host time inside the blocking calls):",
+                      "", _md_table(syncs), ""]
     path = write_whole(out / "report.md", lambda tmp: tmp.write_text("\n".join(lines)))
     return path, plots
 

@@ -23,11 +23,12 @@ class ContextStep(DecodeStep):
     """Per layer: store a prompt chunk of `chunk` rows per request at [P, P + chunk), then the
     attention of the block at P + chunk. `problem.ctx_len` is P (0: a request's first chunk)."""
 
-    def __init__(self, problem, backend="cupy", params=None, *, chunk: int, device="cuda", seed: int = 0):
+    def __init__(self, problem, backend="cupy", params=None, *, chunk: int, device="cuda", seed: int = 0,
+                 **step_options):
         if not isinstance(chunk, int) or chunk <= 0:
             raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
         self.chunk = chunk  # read through store_rows while the base class builds the step
-        super().__init__(problem, backend, params, accepted=None, device=device, seed=seed)
+        super().__init__(problem, backend, params, accepted=None, device=device, seed=seed, **step_options)
         self.num_new_rows = [chunk] * problem.batch
         self.num_new = torch.full((problem.batch,), chunk, dtype=torch.int32, device=self.device)
         self._lens_stored = (self._lens_start + self.num_new).contiguous()
@@ -37,9 +38,10 @@ class ContextStep(DecodeStep):
         return self.chunk
 
 
-def measure_context(wire: dict, chunk: int, *, reps: int = 0) -> dict:
+def measure_context(wire: dict, chunk: int, *, reps: int = 0, **step_options) -> dict:
     """Measure the context step of `wire` (Candidate.to_wire()) on the current GPU -> result
-    columns, as tuner.measure.measure_candidate does for a decode step. Never raises."""
+    columns, as tuner.measure.measure_candidate does for a decode step (with the same
+    `step_options`). Never raises."""
     return measure_step(wire, lambda c, backend: ContextStep(c.problem, backend, c.params_dict,
-                                                             chunk=chunk),
+                                                             chunk=chunk, **step_options),
                         reps=reps, nsys_note="nsys layer: not run for context steps")

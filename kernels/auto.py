@@ -13,12 +13,20 @@ rounding a prefix hit to a page boundary. Pure functions (no GPU, no database).
   context from another worker; an arena slot recomputes or copies it;
 - disaggregated serving: the prefill workers hand the KV over in pages, which only the paged pool
   can take;
-- host syncs: a layout whose measured step waits on the host loses to one measured at zero.
+- host syncs: a layout whose measured step waits on the host loses to one measured at zero;
+- long contexts: for a deployment whose max_ctx reaches LONG_CTX (128k), the paged-against-arena
+  latency measured at contexts from 128k up to max_ctx (at batch 1-4, where such contexts fit),
+  at the measured batch nearest the concurrency. Those rows come from `bench decode --ctx
+  128k,512k --batch 1,4` (scripts/long_ctx.sh) or the attention table, recorded into a profile
+  database; `merge_entries` (and `tuner auto --with PATH`) adds them to a shipped table's entries.
 
 The decision, in order: disaggregated -> paged; a host sync measured in one layout but not the
-other -> the other; prefix hits expected -> paged; else the measured latency (paged unless it is
-slower than the arena by more than `latency_tolerance`, 1% by default: the design's goal). When
-the latency that would decide is not measured, the recommendation is None and says what to run.
+other -> the other; prefix hits expected -> paged; then, for a long-context deployment (max_ctx
+of 128k or more, and a mean context, when given, of 128k or more), the long-context latency; else
+the measured latency (paged unless it is slower than the arena by more than
+`latency_tolerance`, 1% by default: the design's goal). When the latency that would decide is not
+measured, the recommendation is None and says what to run; long contexts not measured are listed
+as missing, and the latency over the shorter contexts decides.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from drafter_attn.kernels.presets import get_preset
 from drafter_attn.kernels.spec import Geometry, is_power_of_two
 
 SERVING = ("agg", "disagg")
+LONG_CTX = 131072  # from here on a context is long: measured at small batch (issue 12)
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,7 @@ class Deployment:
 
 @dataclass(frozen=True)
 class Reason:
-    kind: str  # latency | memory | prefix_reuse | serving | host_syncs | page_rounding
+    kind: str  # latency | long_context | memory | workspace | prefix_reuse | serving | host_syncs | page_rounding
     favors: str | None  # "paged", "arena" or None (neutral / unknown)
     basis: str  # "measured" (profile rows), "model" (arithmetic), "deployment" (what was given),
     #             or "missing" (the measurement is not there)
@@ -189,14 +198,32 @@ def _per_layer(e: dict) -> float:
     return e.get("per_layer_us") or e["median_us"] / (e.get("num_layers") or 1)
 
 
-def latency_pairs(entries, d: Deployment, sm: int) -> tuple[int | None, list[dict]]:
+def merge_entries(*sources) -> list:
+    """Tuned entries of several sources as one list: where two hold the same problem (SM, shape,
+    layout and page size, batch, context), the later source's entry counts. So measured
+    long-context rows (e.g. the database of scripts/long_ctx.sh) can join a shipped table."""
+    merged: dict[tuple, object] = {}
+    for entries in sources:
+        for e in entries:
+            key = (e["sm"], e["num_q_heads"], e["num_kv_heads"], e["head_dim"], e["block_size"],
+                   e["mask"], e.get("window"), e["dtype"], e["layout"], e.get("page_size"), e["batch"],
+                   e["ctx_len"])
+            merged.pop(key, None)  # the later one, in the later position
+            merged[key] = e
+    return list(merged.values())
+
+
+def latency_pairs(entries, d: Deployment, sm: int, min_ctx: int = 0) -> tuple[int | None, list[dict]]:
     """Paged (page_size) and arena entries measured at the same batch and context, at the measured
     batch nearest the concurrency (log scale; ties: the larger), contexts up to max_ctx (or the
-    smallest measured when none is that short)."""
+    smallest measured when none is that short). With `min_ctx` (long contexts), only pairs from
+    min_ctx to max_ctx count, batch chosen among them, and none when none is measured there."""
     g = d.geometry
     paged = {(e["batch"], e["ctx_len"]): e for e in entries if _matches(e, g, "paged", d.page_size, sm)}
     arena = {(e["batch"], e["ctx_len"]): e for e in entries if _matches(e, g, "arena", None, sm)}
     common = sorted(set(paged) & set(arena))
+    if min_ctx:
+        common = [(b, c) for b, c in common if min_ctx <= c <= d.max_ctx]
     if not common:
         return None, []
     batches = sorted({b for b, _ in common})
@@ -246,6 +273,46 @@ def _latency_reasons(d: Deployment, entries, sm: int | None, sms: list[int],
                     f"[{span}]; tolerance {tolerance:.1%}",
                     {"batch": batch, "median_overhead": overhead, "pairs": pairs, "tolerance": tolerance})
     return [reason], [], pairs
+
+
+def long_context_applies(d: Deployment) -> bool:
+    """Whether the deployment serves long contexts: max_ctx of LONG_CTX or more."""
+    return d.max_ctx >= LONG_CTX
+
+
+def long_context_decides(d: Deployment) -> bool:
+    """Whether the long-context latency decides (in place of the latency over every context):
+    a long-context deployment whose mean context, when given, is long too (long steps cost the
+    most time: a 512k step reads 64 times the bytes of an 8k one)."""
+    return long_context_applies(d) and (d.mean_ctx is None or d.mean_ctx >= LONG_CTX)
+
+
+def _long_context_reasons(d: Deployment, entries, sm: int | None,
+                          tolerance: float) -> tuple[list[Reason], list[str]]:
+    """The measured paged-against-arena latency at contexts from LONG_CTX to max_ctx."""
+    if sm is None or not long_context_applies(d):
+        return [], []
+    batch, pairs = latency_pairs(entries, d, sm, min_ctx=LONG_CTX)
+    if not pairs:
+        missing = (f"step latency of {_subject(d, sm)} at long contexts ({LONG_CTX // 1024}k to "
+                   f"{d.max_ctx}): none measured; run `bench decode --ctx 128k,512k --batch 1,4 --page "
+                   f"{d.page_size} --db long.db` (scripts/long_ctx.sh) and add it: `tuner auto --with "
+                   f"long.db`")
+        return [Reason("long_context", None, "missing",
+                       f"paged against arena at contexts of {LONG_CTX // 1024}k and more: not measured; "
+                       f"the latency over the shorter contexts decides", {})], [missing]
+    overhead = _median([p["overhead"] for p in pairs])
+    favors = "arena" if overhead > tolerance else "paged"
+    span = ", ".join(f"ctx {p['ctx_len'] // 1024}k: {p['paged_us']:.2f} vs {p['arena_us']:.2f} us "
+                     f"({p['overhead']:+.1%})" for p in pairs)
+    note = "" if batch == d.concurrency else f" (nearest measured batch to concurrency {d.concurrency})"
+    role = "" if long_context_decides(d) else (f"; not deciding: the mean context {d.mean_ctx} is "
+                                                f"below {LONG_CTX // 1024}k")
+    return [Reason("long_context", favors, "measured",
+                   f"paged step per layer against arena at long contexts, batch {batch}{note}: median "
+                   f"{overhead:+.2%} [{span}]; tolerance {tolerance:.1%}{role}",
+                   {"batch": batch, "median_overhead": overhead, "pairs": pairs,
+                    "tolerance": tolerance, "min_ctx": LONG_CTX})], []
 
 
 def _memory_reasons(d: Deployment, pairs: list[dict]) -> list[Reason]:
@@ -330,10 +397,12 @@ def _host_sync_reasons(d: Deployment, sm: int | None, pairs: list[dict]) -> tupl
                    {"paged": pm, "arena": am})], missing
 
 
-def _decide(reasons: list[Reason]) -> tuple[str | None, str | None]:
-    """The first deciding kind, in order: serving, host syncs, prefix reuse, latency."""
+def _decide(reasons: list[Reason], long_decides: bool = False) -> tuple[str | None, str | None]:
+    """The first deciding kind, in order: serving, host syncs, prefix reuse, long-context latency
+    (when `long_decides`), latency."""
     favors = {r.kind: r.favors for r in reasons}
-    for kind in ("serving", "host_syncs", "prefix_reuse", "latency"):
+    order = ("serving", "host_syncs", "prefix_reuse") + (("long_context",) if long_decides else ()) + ("latency",)
+    for kind in order:
         if favors.get(kind):
             return favors[kind], kind
     return None, None
@@ -348,11 +417,14 @@ def recommend(d: Deployment, entries, sm: int | None = None, *, latency_toleranc
     if sm is None and len(sms) == 1:
         sm = sms[0]
     reasons, missing, pairs = _latency_reasons(d, entries, sm, sms, latency_tolerance)
+    long_reasons, long_missing = _long_context_reasons(d, entries, sm, latency_tolerance)
+    reasons += long_reasons
+    missing += long_missing
     reasons += _memory_reasons(d, pairs)
     reasons += _prefix_reasons(d, hit_lengths)
     reasons.append(_serving_reason(d))
     sync_reasons, sync_missing = _host_sync_reasons(d, sm, pairs)
     reasons += sync_reasons
     missing += sync_missing
-    layout, by = _decide(reasons)
+    layout, by = _decide(reasons, long_context_decides(d))
     return Recommendation(layout, by, d, sm, tuple(reasons), tuple(missing))

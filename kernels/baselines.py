@@ -24,6 +24,8 @@ import os
 
 import torch
 
+from drafter_attn.kernels.cache import _randn
+from drafter_attn.kernels.footprint import kv_bytes
 from drafter_attn.kernels.spec import Geometry
 
 FA2, FA2_GRAPH, XQA = "flashinfer-fa2", "flashinfer-fa2-graph", "trtllm-xqa"
@@ -70,12 +72,13 @@ class _AppendedPages:
         self.pages_per = [math.ceil(n / page_size) for n in self.kv_lens]
         num_pages = sum(self.pages_per)
         self.order = torch.randperm(num_pages, generator=gen).to(torch.int32)
-        dt = g.torch_dtype
         shape = (num_pages, g.num_kv_heads, page_size, g.head_dim)
-        self.k_pages = torch.randn(shape, generator=gen).to(device=device, dtype=dt)
-        self.v_pages = torch.randn(shape, generator=gen).to(device=device, dtype=dt)
-        self.q = torch.randn(len(ctx_lens) * qb, g.num_q_heads, g.head_dim, generator=gen).to(device=device, dtype=dt)
-        self.kv_bytes = 2 * sum(self.kv_lens) * g.num_kv_heads * g.head_dim * self.k_pages.element_size()
+        # drawn on the device from seeds of `gen` (GBs at long contexts would take minutes on the CPU)
+        self.k_pages = _randn(shape, g, device, gen)
+        self.v_pages = _randn(shape, g, device, gen)
+        self.q = _randn((len(ctx_lens) * qb, g.num_q_heads, g.head_dim), g, device, gen)
+        self.kv_bytes = kv_bytes(sum(self.kv_lens), g.num_kv_heads, g.head_dim, 1,
+                                 self.k_pages.element_size())
         self.workspace = torch.zeros(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
     def block_table(self) -> torch.Tensor:

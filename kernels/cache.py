@@ -222,13 +222,15 @@ def _randn(shape, geometry: Geometry, device, generator) -> torch.Tensor:
 
 
 def random_paged_context(geometry: Geometry, ctx_lens: list[int], page_size: int, device, generator,
-                         shuffle_pages: bool = True, extra_pages: int = 0):
+                         shuffle_pages: bool = True, extra_pages: int = 0, max_pages: int | None = None):
     """Random paged context for `ctx_lens` requests -> (k_pages, v_pages, block_table, ctx_lens).
 
     Each request owns ceil(P_b / page_size) + `extra_pages` pages (the extra ones give a store
     room to write). Pages are handed out in a random permutation so that paging bugs show; table
     columns past a request's pages hold random garbage ids (also out of range), which a correct
-    kernel never dereferences. One spare page is never referenced.
+    kernel never dereferences. One spare page is never referenced. The pool holds only these
+    pages; `max_pages` widens the block table to that many columns (an engine's table sized for
+    the model's longest context), the extra columns garbage too.
     """
     if not is_power_of_two(page_size):
         raise ValueError(f"page_size must be a power of two, got page_size={page_size!r}")
@@ -236,7 +238,9 @@ def random_paged_context(geometry: Geometry, ctx_lens: list[int], page_size: int
         raise ValueError("ctx_lens and extra_pages must be non-negative")
     need = [math.ceil(P / page_size) + extra_pages for P in ctx_lens]
     num_pages = sum(need) + 1
-    max_pages = max(need + [1])
+    if max_pages is not None and max_pages < max(need + [1]):
+        raise ValueError(f"max_pages={max_pages} is fewer than the {max(need)} pages a request needs")
+    max_pages = max(need + [1, max_pages or 1])
     order = torch.randperm(num_pages, generator=generator) if shuffle_pages else torch.arange(num_pages)
     table = torch.randint(-(1 << 20), 1 << 20, (len(ctx_lens), max_pages), generator=generator, dtype=torch.int32)
     start = 0

@@ -14,6 +14,13 @@ than an out-of-range access where it cheaply can.
 Debug mode: with the environment variable DRAFTER_CHECKS=full the value checks also run on GPU
 tensors (outside CUDA graph capture). Each call then reads device memory and waits for the GPU, so
 it is for finding a caller's bug, never for serving or timing.
+
+The `max_ctx` hint of the attention calls (a host int: the longest `ctx_lens` of the call, which an
+engine knows from its host-side sequence lengths) is checked on every call, from the Python int
+alone (`plan_ctx`): a positive integer, at most the capacity. `ctx_lens` above it are the caller's
+error, checked like the other values (CPU tensors only); on the GPU the kernels still read every
+request's whole context, since only the split count is planned from the hint
+(docs/design.md, "The functional contract").
 """
 
 from __future__ import annotations
@@ -46,6 +53,13 @@ class Dims:
     window: int | None  # None for mask="full"
     scale: float
     dtype: torch.dtype
+    max_ctx: int | None = None  # the caller's bound on ctx_lens (validated), None when not given
+
+    @property
+    def plan_ctx(self) -> int:
+        """Context tokens the host plans for (split count, dispatch bucket): the capacity, or the
+        `max_ctx` hint rounded up to `round_ctx_hint`'s grid (never above the capacity)."""
+        return plan_ctx(self.max_ctx, self.capacity)
 
 
 @dataclass(frozen=True)
@@ -130,6 +144,49 @@ def _window(mask, window):
     return resolve_window(mask, window)
 
 
+def round_ctx_hint(n: int) -> int:
+    """`n` rounded up to a grid of eight steps per octave (at most 12.5% more; exact below 16 and
+    at 8..15 x a power of two, so 2k, 8k, 128k stay), which bounds how many plans and picks a
+    hint that grows token by token makes: at most eight per doubling of the context.
+
+    Example:
+        >>> [round_ctx_hint(n) for n in (15, 8192, 8208, 131088)]
+        [15, 8192, 9216, 147456]
+    """
+    if n <= 16:
+        return n
+    step = 1 << (n.bit_length() - 4)
+    return -(-n // step) * step
+
+
+def plan_ctx(max_ctx, capacity: int, cap_arg: str = "block_table") -> int:
+    """The context a call is planned for, given the caller's `max_ctx` hint (None: the capacity).
+
+    The hint must be a positive integer (numpy integers welcome) and at most `capacity`, the
+    tokens the cache tensors address (`cap_arg` names them in the message). Checks the Python
+    value only, so it runs on every call, before any kernel, without a device read.
+
+    Example:
+        >>> plan_ctx(8208, 131072), plan_ctx(None, 131072), plan_ctx(8256, 8256)
+        (9216, 131072, 8256)
+    """
+    if max_ctx is None:
+        return capacity
+    if isinstance(max_ctx, bool) or not isinstance(max_ctx, numbers.Integral) or max_ctx <= 0:
+        raise ValueError(f"max_ctx must be a positive integer (the longest ctx_lens of this call, "
+                         f"known on the host) or None, got {max_ctx!r}")
+    if max_ctx > capacity:
+        raise ValueError(f"max_ctx={int(max_ctx)} exceeds the capacity of {cap_arg} ({capacity} "
+                         f"tokens); it bounds ctx_lens, which cannot exceed the capacity")
+    return min(capacity, round_ctx_hint(int(max_ctx)))
+
+
+def hint_kwargs(max_ctx) -> dict:
+    """`{"max_ctx": max_ctx}`, or {} when None: callers pass the hint only when given, so a
+    backend written before it (no `max_ctx=` argument) still runs every unhinted call."""
+    return {} if max_ctx is None else {"max_ctx": max_ctx}
+
+
 def _check_values(t: torch.Tensor) -> bool:
     """Whether the value checks run for tensors on t's device (see the module docstring)."""
     if t.device.type == "cpu":
@@ -182,6 +239,14 @@ def _check_lengths(ctx_lens: torch.Tensor, capacity: int, cap_arg: str, extra=No
         if extra is not None:
             what += f" + {extra_name}[{b}]={int(extra[b])}"
         raise ValueError(f"{what} exceeds the capacity of {cap_arg} ({capacity} tokens)")
+
+
+def _check_hint(ctx_lens: torch.Tensor, max_ctx: int) -> None:
+    over = ctx_lens.long() > max_ctx
+    if over.any():
+        b = int(torch.nonzero(over)[0])
+        raise ValueError(f"ctx_lens[{b}]={int(ctx_lens[b])} exceeds max_ctx={max_ctx}, the caller's "
+                         f"bound on this call's context lengths")
 
 
 def _check_pages_in_range(block_table: torch.Tensor, end: torch.Tensor, page_size: int, num_pages: int) -> None:
@@ -297,18 +362,21 @@ def _check_arena_cache(ref_name, ref, B, Hkv, D, k_arena, v_arena, slots, ctx_le
 # The four entry points.
 
 
-def check_paged(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask="full", window=None, scale=None) -> Dims:
+def check_paged(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask="full", window=None, scale=None,
+                max_ctx=None) -> Dims:
     """Validate the arguments of `paged_attention` and resolve their sizes.
 
     Takes exactly the arguments of `kernels.reference.paged_attention` (shapes there): q
     [B, Qb, Hq, D], k_blk/v_blk [B, Qb, Hkv, D], k_pages/v_pages [num_pages, Hkv, page_size, D]
     (bfloat16, float16 or float32, one dtype, contiguous, one device), block_table int32
-    [B, max_pages], ctx_lens int32 [B], mask, window, scale. Value checks (ctx_lens within
-    max_pages * page_size, used page ids in [0, num_pages)) run only for CPU tensors.
+    [B, max_pages], ctx_lens int32 [B], mask, window, scale, and the optional `max_ctx` hint (a
+    positive int at most max_pages * page_size; see `plan_ctx`). Value checks (ctx_lens within
+    max_pages * page_size and within max_ctx, used page ids in [0, num_pages)) run only for CPU
+    tensors.
 
     Returns:
         Dims with page_size set and capacity = max_pages * page_size; window None for "full";
-        scale resolved (D ** -0.5 when None).
+        scale resolved (D ** -0.5 when None); max_ctx as given.
 
     Raises:
         ValueError whose message names the offending argument.
@@ -320,18 +388,24 @@ def check_paged(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask="
     """
     B, Qb, Hq, Hkv, D, window, scale = _check_block(q, k_blk, v_blk, mask, window, scale)
     ps, cap = _check_paged_cache("q", q, B, Hkv, D, k_pages, v_pages, block_table, ctx_lens)
+    plan_ctx(max_ctx, cap, "block_table")
     if _check_values(q):
         _check_lengths(ctx_lens, cap, "block_table")
+        if max_ctx is not None:
+            _check_hint(ctx_lens, int(max_ctx))
         _check_pages_in_range(block_table, ctx_lens, ps, k_pages.shape[0])
-    return Dims(B, Qb, Hq, Hkv, D, Hq // Hkv, ps, cap, mask, window, scale, q.dtype)
+    hint = None if max_ctx is None else int(max_ctx)
+    return Dims(B, Qb, Hq, Hkv, D, Hq // Hkv, ps, cap, mask, window, scale, q.dtype, hint)
 
 
-def check_arena(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, mask="full", window=None, scale=None) -> Dims:
+def check_arena(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, mask="full", window=None, scale=None,
+                max_ctx=None) -> Dims:
     """Validate the arguments of `arena_attention` and resolve their sizes.
 
     As `check_paged`, with k_arena/v_arena [num_slots, max_ctx, Hkv, D] and slots int32 [B]
-    instead of pages and block table. Value checks (ctx_lens <= max_ctx, slots in
-    [0, num_slots)) run only for CPU tensors.
+    instead of pages and block table; the `max_ctx` hint is at most the arena's dimension 1.
+    Value checks (ctx_lens within the arena and the hint, slots in [0, num_slots)) run only for
+    CPU tensors.
 
     Returns:
         Dims with page_size None and capacity = max_ctx.
@@ -343,10 +417,14 @@ def check_arena(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, mask="full",
     """
     B, Qb, Hq, Hkv, D, window, scale = _check_block(q, k_blk, v_blk, mask, window, scale)
     cap = _check_arena_cache("q", q, B, Hkv, D, k_arena, v_arena, slots, ctx_lens)
+    plan_ctx(max_ctx, cap, "k_arena")
     if _check_values(q):
         _check_lengths(ctx_lens, cap, "k_arena")
+        if max_ctx is not None:
+            _check_hint(ctx_lens, int(max_ctx))
         _check_slots_in_range(slots, k_arena.shape[0])
-    return Dims(B, Qb, Hq, Hkv, D, Hq // Hkv, None, cap, mask, window, scale, q.dtype)
+    hint = None if max_ctx is None else int(max_ctx)
+    return Dims(B, Qb, Hq, Hkv, D, Hq // Hkv, None, cap, mask, window, scale, q.dtype, hint)
 
 
 def _check_new_rows(k_new, v_new, num_new):

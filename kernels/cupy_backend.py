@@ -44,8 +44,9 @@ _COUNTER_SLOTS = 65536  # max batch of one store launch
 
 @dataclass(frozen=True)
 class Params:
-    """Tunable knobs. `num_splits=0` means: pick from the batch, heads and capacity (device-side
-    balancing spreads the actual context over the splits). `q_smem` keeps Q in shared memory
+    """Tunable knobs. `num_splits=0` means: pick from the batch, heads and the planned context
+    (the capacity, or the caller's `max_ctx` hint; device-side balancing spreads the actual
+    context over the splits). `q_smem` keeps Q in shared memory
     instead of registers (for CTAs of many warps, whose per-thread register budget is small).
     `wgmma` (sm_90a only) computes both products with warpgroup MMAs; None = wherever it runs."""
 
@@ -517,14 +518,14 @@ class CupyBackend:
 
     # contract ------------------------------------------------------------------------------
     def paged_attention(self, q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
-                        mask="full", window=None, scale=None, out=None):
+                        mask="full", window=None, scale=None, out=None, max_ctx=None):
         return self._attend("paged", contract.check_paged, (mask, window, scale),
-                            (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, out))
+                            (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, out), max_ctx)
 
     def arena_attention(self, q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *,
-                        mask="full", window=None, scale=None, out=None):
+                        mask="full", window=None, scale=None, out=None, max_ctx=None):
         return self._attend("arena", contract.check_arena, (mask, window, scale),
-                            (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, out))
+                            (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, out), max_ctx)
 
     def store_paged(self, k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens):
         self._store("store_paged", contract.check_store_paged,
@@ -534,13 +535,15 @@ class CupyBackend:
         self._store("store_arena", contract.check_store_arena,
                     (k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens))
 
-    def _attend(self, layout, check, extra, args):
+    def _attend(self, layout, check, extra, args, max_ctx=None):
         """A plan hit: one lookup, then the launch. A miss validates (ValueError naming the
-        argument) and plans."""
-        key = call_key(layout, args, extra)
+        argument) and plans. A `max_ctx` hint is checked on every call (a Python int against the
+        capacity) and keys the plan by the context it plans for (contract.plan_ctx)."""
+        key_extra = extra if max_ctx is None else (*extra, _hint_key(layout, args, max_ctx))
+        key = call_key(layout, args, key_extra)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plan_attention(key, check(*args[:7], *extra), layout, args)
+            plan = self._plan_attention(key, check(*args[:7], *extra, max_ctx=max_ctx), layout, args)
         return plan.run(*args)
 
     def _store(self, kind, check, args):
@@ -566,7 +569,11 @@ class CupyBackend:
         index = _index(device)
         mod = self.family.module_for(index, dims.dtype, dims.head_dim, dims.page_size,
                                      dims.block_size, dims.group, params)
-        kv_tokens = dims.capacity if dims.mask == "full" else min(dims.capacity, dims.window)
+        # The planned context: the capacity, or the caller's max_ctx hint (an engine's block
+        # table is sized for the model's longest context, far wider than the live one). Only the
+        # split count follows it: each split still covers its share of the real ctx_lens.
+        planned = dims.plan_ctx
+        kv_tokens = planned if dims.mask == "full" else min(planned, dims.window)
         return choose_splits(dims.batch, dims.num_kv_heads, kv_tokens, params.tile_n,
                              device_info(index)[0], mod.resident_ctas())
 
@@ -630,6 +637,18 @@ class CupyBackend:
         if not torch.cuda.is_current_stream_capturing():  # a capture's counters are its own
             self._plans[key] = plan
         return plan
+
+
+def _hint_key(layout: str, args, max_ctx):
+    """The plan-key part of a `max_ctx` hint: the context planned for (validated against the
+    capacity on every call, from shapes and the Python int); None when the shapes do not give a
+    capacity (the contract check then names the bad argument)."""
+    try:
+        cache, table = args[3], args[5]
+        cap = table.shape[1] * cache.shape[2] if layout == "paged" else cache.shape[1]
+    except (AttributeError, IndexError, TypeError):
+        return None
+    return contract.plan_ctx(max_ctx, cap, "block_table" if layout == "paged" else "k_arena")
 
 
 def _check_kernel_inputs(ref: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:

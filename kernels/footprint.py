@@ -3,8 +3,9 @@ layout definitions (docs/design.md, "The two layouts"). Pure arithmetic: no GPU,
 
 The one place these formulas live. `kernels.cache` sizes its pools with `kv_bytes`, the cupy
 backend its split workspace with `partial_elems`, `kernels.auto` weighs layouts with
-`arena_bytes` / `paged_bytes`, `tuner.memory` models a workload's K/V with `paged_kv_bytes` /
-`arena_bytes`, and `bench memory` / `bench decode` print `footprint`.
+`arena_bytes` / `paged_bytes`, `tuner.memory` models a workload's K/V and what measuring it
+needs, `tuner.roofline` the bytes a step moves, and `bench memory` / `bench decode` print
+`footprint`.
 
 For a drafter geometry (layers L, KV heads Hkv, head dim D, dtype of `e` bytes, block size Qb),
 `concurrency` requests and a maximum context `max_ctx` (tokens one request may hold, the block's
@@ -159,3 +160,4 @@ def fmt_bytes(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{int(n)} B"
+

@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from drafter_attn.kernels import registry
+from drafter_attn.kernels.contract import hint_kwargs
 
 DEFAULT_BACKENDS = {"cpu": "reference", "cuda": "cupy"}
 _resolved: dict[tuple[str, str], object] = {}
@@ -42,12 +43,12 @@ def _takes_out(fn) -> bool:
     return "out" in inspect.signature(fn).parameters
 
 
-def _attend_into(fn, out: torch.Tensor, args, mask, window, scale) -> None:
+def _attend_into(fn, out: torch.Tensor, args, mask, window, scale, max_ctx=None) -> None:
     # Backends without `out=` (the reference) compute a fresh tensor; copy it over.
     if _takes_out(fn):
-        fn(*args, mask=mask, window=window, scale=scale, out=out)
+        fn(*args, mask=mask, window=window, scale=scale, out=out, **hint_kwargs(max_ctx))
     else:
-        out.copy_(fn(*args, mask=mask, window=window, scale=scale))
+        out.copy_(fn(*args, mask=mask, window=window, scale=scale, **hint_kwargs(max_ctx)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -58,10 +59,11 @@ def _attend_into(fn, out: torch.Tensor, args, mask, window, scale) -> None:
 def _paged_attention(q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor,
                      k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
                      ctx_lens: torch.Tensor, mask: str = "full", window: Optional[int] = None,
-                     scale: Optional[float] = None, backend: str = "") -> torch.Tensor:
+                     scale: Optional[float] = None, backend: str = "",
+                     max_ctx: Optional[int] = None) -> torch.Tensor:
     fn = backend_for(backend, q.device).paged_attention
     return fn(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask=mask, window=window,
-              scale=scale)
+              scale=scale, **hint_kwargs(max_ctx))
 
 
 @torch.library.custom_op("drafter_attn::paged_attention_out", mutates_args=("out",))
@@ -69,20 +71,21 @@ def _paged_attention_out(out: torch.Tensor, q: torch.Tensor, k_blk: torch.Tensor
                          v_blk: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                          block_table: torch.Tensor, ctx_lens: torch.Tensor, mask: str = "full",
                          window: Optional[int] = None, scale: Optional[float] = None,
-                         backend: str = "") -> None:
+                         backend: str = "", max_ctx: Optional[int] = None) -> None:
     fn = backend_for(backend, q.device).paged_attention
     _attend_into(fn, out, (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens), mask,
-                 window, scale)
+                 window, scale, max_ctx)
 
 
 @torch.library.custom_op("drafter_attn::arena_attention", mutates_args=())
 def _arena_attention(q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor,
                      k_arena: torch.Tensor, v_arena: torch.Tensor, slots: torch.Tensor,
                      ctx_lens: torch.Tensor, mask: str = "full", window: Optional[int] = None,
-                     scale: Optional[float] = None, backend: str = "") -> torch.Tensor:
+                     scale: Optional[float] = None, backend: str = "",
+                     max_ctx: Optional[int] = None) -> torch.Tensor:
     fn = backend_for(backend, q.device).arena_attention
     return fn(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, mask=mask, window=window,
-              scale=scale)
+              scale=scale, **hint_kwargs(max_ctx))
 
 
 @torch.library.custom_op("drafter_attn::arena_attention_out", mutates_args=("out",))
@@ -90,10 +93,10 @@ def _arena_attention_out(out: torch.Tensor, q: torch.Tensor, k_blk: torch.Tensor
                          v_blk: torch.Tensor, k_arena: torch.Tensor, v_arena: torch.Tensor,
                          slots: torch.Tensor, ctx_lens: torch.Tensor, mask: str = "full",
                          window: Optional[int] = None, scale: Optional[float] = None,
-                         backend: str = "") -> None:
+                         backend: str = "", max_ctx: Optional[int] = None) -> None:
     fn = backend_for(backend, q.device).arena_attention
     _attend_into(fn, out, (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens), mask, window,
-                 scale)
+                 scale, max_ctx)
 
 
 def _fake_attention(q, *args, **kwargs):
@@ -149,7 +152,7 @@ def _(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens, backend=""):
 
 
 def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *, mask="full",
-                    window=None, scale=None, out=None, backend=""):
+                    window=None, scale=None, out=None, backend="", max_ctx=None):
     """`torch.ops.drafter_attn.paged_attention`, or its `_out` form when `out` is given.
 
     Args (as `kernels.reference.paged_attention`):
@@ -161,6 +164,10 @@ def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
         out: an optional [B, Qb, Hq, D] buffer in q's dtype, written and returned.
         backend: a `registry.from_spec` string; "" is the device's default (reference on the
             CPU, cupy on CUDA).
+        max_ctx: optional host int bounding ctx_lens (e.g. the engine's longest host-side
+            length plus Qb), at most max_pages * page_size: the work split is planned from it
+            instead of the block table's width. Under torch.compile / CUDA graphs each distinct
+            value may trace or capture anew: pass a bucketed bound (the engine's graph bucket).
 
     Returns:
         [B, Qb, Hq, D] in q's dtype (`out` when given). Bad arguments raise ValueError naming
@@ -172,7 +179,8 @@ def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
         ...                 out=out) is out
         True
     """
-    args = (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask, window, scale, backend)
+    args = (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask, window, scale, backend,
+            max_ctx)
     if out is None:
         return torch.ops.drafter_attn.paged_attention(*args)
     torch.ops.drafter_attn.paged_attention_out(out, *args)
@@ -180,18 +188,20 @@ def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
 
 
 def arena_attention(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *, mask="full",
-                    window=None, scale=None, out=None, backend=""):
+                    window=None, scale=None, out=None, backend="", max_ctx=None):
     """`torch.ops.drafter_attn.arena_attention`, or its `_out` form when `out` is given.
 
     As `paged_attention`, with k_arena, v_arena [num_slots, max_ctx, Hkv, D] and slots int32
-    [B] instead of pages and block table. Returns [B, Qb, Hq, D] in q's dtype.
+    [B] instead of pages and block table (the `max_ctx` hint at most k_arena.shape[1]).
+    Returns [B, Qb, Hq, D] in q's dtype.
 
     Example:
         >>> arena_attention(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens,
         ...                 mask="sliding_causal", window=128, backend="reference").shape
         torch.Size([2, 16, 32, 128])
     """
-    args = (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, mask, window, scale, backend)
+    args = (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, mask, window, scale, backend,
+            max_ctx)
     if out is None:
         return torch.ops.drafter_attn.arena_attention(*args)
     torch.ops.drafter_attn.arena_attention_out(out, *args)

@@ -70,7 +70,8 @@ def _gather_pages(pages: torch.Tensor, table: torch.Tensor, live: torch.Tensor) 
     return pages[ids].permute(0, 1, 3, 2, 4).reshape(B, max_pages * ps, Hkv, D)
 
 
-def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *, mask="full", window=None, scale=None):
+def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *, mask="full", window=None, scale=None,
+                    max_ctx=None):
     """Drafter block attention over a paged context: the block attends to [context ; block].
 
     docs/design.md, "The problem" (math, masks) and "The functional contract".
@@ -86,6 +87,10 @@ def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
         mask: "full", "sliding" or "sliding_causal".
         window: W for the sliding masks (required there, ignored for "full").
         scale: score scale; None means D ** -0.5.
+        max_ctx: optional host-side bound on ctx_lens (a positive int, at most max_pages *
+            page_size): the kernels plan their work split from it instead of the table's width.
+            ctx_lens above it break the contract (checked for CPU tensors). The reference
+            validates it and computes the same result with or without it.
 
     Returns:
         [B, Qb, Hq, D] in q's dtype (computed in float32).
@@ -102,7 +107,7 @@ def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
         >>> paged_attention(q, k_blk, k_blk, k_pages, v_pages, table, lens).shape
         torch.Size([2, 16, 32, 128])
     """
-    d = check_paged(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask, window, scale)
+    d = check_paged(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask, window, scale, max_ctx)
     ps = d.page_size
     columns = torch.arange(block_table.shape[1], device=q.device)
     live = columns[None, :] * ps < ctx_lens.long()[:, None]  # column holds some token < P_b
@@ -111,7 +116,8 @@ def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
     return _attend(q, k_blk, v_blk, k_ctx, v_ctx, ctx_lens, d)
 
 
-def arena_attention(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *, mask="full", window=None, scale=None):
+def arena_attention(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *, mask="full", window=None, scale=None,
+                    max_ctx=None):
     """Drafter block attention over an arena context; as `paged_attention` but for a dense cache.
 
     docs/design.md, "The two layouts" and "The functional contract".
@@ -122,6 +128,7 @@ def arena_attention(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *, mask=
         slots: int32 [B], the arena slot of each request (may repeat: reading is shared).
         ctx_lens: int32 [B] committed context length P_b <= max_ctx.
         mask, window, scale: as for `paged_attention`.
+        max_ctx: the hint of `paged_attention`, here at most k_arena.shape[1].
 
     Returns:
         [B, Qb, Hq, D] in q's dtype.
@@ -136,7 +143,7 @@ def arena_attention(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *, mask=
         ...                 mask="sliding", window=2048).shape
         torch.Size([2, 16, 32, 128])
     """
-    d = check_arena(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, mask, window, scale)
+    d = check_arena(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, mask, window, scale, max_ctx)
     ids = slots.long()
     return _attend(q, k_blk, v_blk, k_arena[ids], v_arena[ids], ctx_lens, d)
 

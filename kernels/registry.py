@@ -97,11 +97,12 @@ class BackendUnavailable(RuntimeError):
 
 _FACTORIES: dict[str, Callable[[], Backend] | str] = {}
 _EXTRAS: dict[str, str] = {}  # name -> install hint for its optional dependencies
+_REFERENCE_ONLY: dict[str, str] = {}  # name -> why it is never a tuned pick (a reference to compare with)
 _BUILT: dict[str, Backend] = {}
 
 
 def register(name: str, factory: Callable[[], Backend] | str, *, extra: str | None = None,
-             replace: bool = False) -> None:
+             replace: bool = False, reference_only: str | None = None) -> None:
     """Register a backend under `name`, built on its first `get`.
 
     Args:
@@ -110,6 +111,8 @@ def register(name: str, factory: Callable[[], Backend] | str, *, extra: str | No
             "module:attr" naming a backend object (or a zero-argument factory).
         extra: what to install when building it fails (said in `BackendUnavailable`).
         replace: replace a backend already registered as `name` (else ValueError).
+        reference_only: when given, why the backend is a reference to measure against and
+            never a pick: tuned tables and the dispatcher leave it out (`reference_only`).
 
     Example:
         >>> register("mine", ReferenceBackend)
@@ -132,11 +135,28 @@ def register(name: str, factory: Callable[[], Backend] | str, *, extra: str | No
         _EXTRAS.pop(name, None)
     else:
         _EXTRAS[name] = extra
+    if reference_only is None:
+        _REFERENCE_ONLY.pop(name, None)
+    else:
+        _REFERENCE_ONLY[name] = reference_only
 
 
 def unregister(name: str) -> None:
-    for table in (_FACTORIES, _EXTRAS, _BUILT):
+    for table in (_FACTORIES, _EXTRAS, _REFERENCE_ONLY, _BUILT):
         table.pop(name, None)
+
+
+def reference_only(name: str) -> str | None:
+    """Why backend `name` is a reference that is measured but never picked (no tuned table or
+    dispatcher may name it), or None for a candidate. Needs no build (no CuPy).
+
+    Example:
+        >>> reference_only("reference-syncing").startswith("a reference that stalls the host")
+        True
+        >>> reference_only("cupy") is None
+        True
+    """
+    return _REFERENCE_ONLY.get(name)
 
 
 def names() -> list[str]:
@@ -319,6 +339,14 @@ register(
     "cupy",
     "drafter_attn.kernels.cupy_backend:BACKEND",
     extra="install the CUDA extra, pip install -e '.[cu13]' (CUDA 13) or '.[cu12]' (CUDA 12)",
+)
+register(
+    "reference-syncing",
+    "drafter_attn.kernels.syncing_store:make_backend",
+    extra="the CUDA extra (its attention is the cupy backend's), pip install -e '.[cu13]'",
+    reference_only="a reference that stalls the host: its store reads the per-request block counts "
+                   "back with .tolist() before writing (TensorRT-LLM's paged context store does); "
+                   "measured to show what a host sync costs, never shipped",
 )
 register(
     "cutlass",

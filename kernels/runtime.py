@@ -1,7 +1,8 @@
 """The serving entry point: the four contract functions, each running the tuned kernel.
 
 `Runtime` computes the problem from tensor shapes only (the context length bucket comes from the
-cache capacity: block-table columns x page size, or the arena's max_ctx), picks once per shape
+cache capacity: block-table columns x page size, or the arena's max_ctx; or from the caller's
+`max_ctx` hint, a host int, when given: contract.plan_ctx), picks once per shape
 through a `Dispatcher` (kernels.dispatcher) and calls the picked backend. Nothing a table or a
 database holds can make it raise: an unusable file warns once and the default heuristic answers.
 """
@@ -9,10 +10,12 @@ database holds can make it raise: an unusable file warns once and the default he
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import warnings
 from dataclasses import dataclass
 
+from drafter_attn.kernels.contract import hint_kwargs, plan_ctx
 from drafter_attn.kernels.dispatcher import CURRENT, Dispatcher, Pick, fmt_params, reference_pick
 from drafter_attn.kernels.shipped import find_default
 from drafter_attn.kernels.spec import Geometry, Problem
@@ -44,8 +47,9 @@ class Runtime:
     the context stores use the tuned pick from the first step; otherwise a store uses the
     backend of the last attention picked for the same cache (the default heuristic before one).
 
-    Per call: a key from tensor shapes, dtypes and the device (no device reads), a dict lookup,
-    then the backend's own function (which validates its inputs).
+    Per call: a key from tensor shapes, dtypes and the device (and the planned context of a
+    `max_ctx` hint; no device reads), a dict lookup, then the backend's own function (which
+    validates its inputs).
     """
 
     def __init__(self, table=None, *, sm: int | None = None, include_predicted: bool = False,
@@ -118,19 +122,21 @@ class Runtime:
 
     # -- the contract ----------------------------------------------------------------------
     def paged_attention(self, q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
-                        mask="full", window=None, scale=None):
+                        mask="full", window=None, scale=None, max_ctx=None):
         """Block attention over a paged context, run by the pick for these shapes.
 
         Arguments and result as `kernels.reference.paged_attention`: q [B, Qb, Hq, D]; k_blk,
         v_blk [B, Qb, Hkv, D]; k_pages, v_pages [num_pages, Hkv, page_size, D] (one dtype:
         bfloat16, float16 or float32); block_table int32 [B, max_pages]; ctx_lens int32 [B];
-        mask "full", "sliding" or "sliding_causal" with `window`; scale (None: D ** -0.5).
+        mask "full", "sliding" or "sliding_causal" with `window`; scale (None: D ** -0.5);
+        max_ctx: optional host int bounding ctx_lens (at most max_pages * page_size).
         Returns [B, Qb, Hq, D] in q's dtype.
 
         The pick is made on the first call of a shape key (shapes, dtypes and device only; the
-        context bucket is the cache capacity max_pages * page_size), then reused; the host is
-        never synced. Bad arguments raise ValueError naming the argument (kernels.contract)
-        before any kernel runs.
+        context bucket is the cache capacity max_pages * page_size, or the `max_ctx` hint when
+        given: an engine's table sized for the model's longest context then costs nothing),
+        then reused; the host is never synced. Bad arguments raise ValueError naming the
+        argument (kernels.contract) before any kernel runs.
 
         Example:
             >>> rt = Runtime(Dispatcher())
@@ -139,16 +145,18 @@ class Runtime:
             torch.Size([2, 16, 32, 128])
         """
         args = (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens)
-        b = self._attention_binding("paged", args, mask, window, scale)
-        return b.backend.paged_attention(*args, mask=mask, window=window, scale=scale)
+        b = self._attention_binding("paged", args, mask, window, scale, max_ctx)
+        return b.backend.paged_attention(*args, mask=mask, window=window, scale=scale,
+                                         **hint_kwargs(max_ctx))
 
     def arena_attention(self, q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *,
-                        mask="full", window=None, scale=None):
+                        mask="full", window=None, scale=None, max_ctx=None):
         """Block attention over an arena context, run by the pick for these shapes.
 
         As `paged_attention`, with k_arena, v_arena [num_slots, max_ctx, Hkv, D] and slots
         int32 [B] (each request's row of the arena) instead of pages and block table; the
-        context bucket is max_ctx. Returns [B, Qb, Hq, D] in q's dtype.
+        context bucket is the arena's max_ctx dimension, or the `max_ctx` hint (at most that
+        dimension) when given. Returns [B, Qb, Hq, D] in q's dtype.
 
         Example:
             >>> rt = Runtime(Dispatcher())
@@ -156,8 +164,9 @@ class Runtime:
             torch.bfloat16
         """
         args = (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens)
-        b = self._attention_binding("arena", args, mask, window, scale)
-        return b.backend.arena_attention(*args, mask=mask, window=window, scale=scale)
+        b = self._attention_binding("arena", args, mask, window, scale, max_ctx)
+        return b.backend.arena_attention(*args, mask=mask, window=window, scale=scale,
+                                         **hint_kwargs(max_ctx))
 
     def store_paged(self, k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens) -> None:
         """Context store into pages, in place: rows j < num_new[b] go to positions
@@ -251,27 +260,30 @@ class Runtime:
                                   f"reference runs them")
         return self.dispatcher.pick(problem, sm)
 
-    def _attention_binding(self, layout, args, mask, window, scale) -> _Bound:
+    def _attention_binding(self, layout, args, mask, window, scale, max_ctx=None) -> _Bound:
         """The bound pick for these shapes: a dict lookup after the first call. The key holds
-        shapes only (the cache's capacity, never its contents); bad arguments get no key and
-        reach the backend's own checks."""
+        shapes only (the cache's capacity, never its contents) and the context a `max_ctx` hint
+        plans for (checked on every call: contract.plan_ctx); bad arguments get no key and reach
+        the backend's own checks."""
         q, k_blk, _, k_cache, _, table, _ = args
         try:
             capacity = (k_cache.shape[2], table.shape[1]) if layout == "paged" else (k_cache.shape[1],)
-            key = (layout, q.device, q.dtype, q.shape, k_blk.shape[2], *capacity, mask, window)
+            hint = None if max_ctx is None else plan_ctx(max_ctx, math.prod(capacity))
+            key = (layout, q.device, q.dtype, q.shape, k_blk.shape[2], *capacity, mask, window, hint)
             hash(key)  # mask=['full']: no key; the contract check names the argument
         except Exception:
             key = None
         b = self._bound.get(key) if key is not None else None
-        return b if b is not None else self._bind_attention(key, layout, args, mask, window, scale)
+        return b if b is not None else self._bind_attention(key, layout, args, mask, window, scale,
+                                                            max_ctx)
 
-    def _bind_attention(self, key, layout, args, mask, window, scale) -> _Bound:
+    def _bind_attention(self, key, layout, args, mask, window, scale, max_ctx=None) -> _Bound:
         from drafter_attn.kernels import contract
 
         check = contract.check_paged if layout == "paged" else contract.check_arena
-        dims = check(*args, mask, window, scale)  # a bad input: ValueError naming the argument
+        dims = check(*args, mask, window, scale, max_ctx)  # a bad input: ValueError naming it
         q = args[0]
-        problem = Problem.from_dims(dims, dims.capacity)
+        problem = Problem.from_dims(dims, dims.plan_ctx)  # the capacity, or the hint's plan
         b = self._bind_on(self._choose(problem, q.device), q.device)
         with self._lock:
             if key is not None:

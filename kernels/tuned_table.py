@@ -345,14 +345,20 @@ def group_rows(rows, *, include_predicted: bool = False,
     """Result rows (dicts with at least the columns of `DB_ROWS_SQL`) by key (`row_key`), each
     key's candidates ranked by `rank_key`: the newest row of each candidate (`candidate_of`)
     counts, with its params parsed and its `per_layer_us`. Predicted rows are left out unless
-    `include_predicted`. Rows that cannot be read (params that are not JSON, a latency that is
-    not a number) are left out with one warning. Keys come in sorted order."""
+    `include_predicted`. Rows of a reference-only backend (`registry.reference_only`, e.g.
+    `reference-syncing`) are never candidates. Rows that cannot be read (params that are not
+    JSON, a latency that is not a number) are left out with one warning. Keys come in sorted
+    order."""
+    from drafter_attn.kernels import registry
+
     groups: dict[tuple, dict[tuple, dict]] = {}
     skipped: list[tuple[str, str]] = []
     for i, raw in enumerate(rows):
         kind = raw.get("provenance") or "measured"
         if kind == "predicted" and not include_predicted:
             continue
+        if isinstance(raw.get("impl"), str) and registry.reference_only(raw["impl"]):
+            continue  # measured to compare against (e.g. reference-syncing), never a candidate
         try:
             row = _clean_row(raw)
             key = row_key(row)
@@ -557,6 +563,8 @@ def _backend_problem(entry: Entry) -> str | None:
     for c in entry.candidates:
         if c.impl not in registry.names():
             return f"unknown backend {c.impl!r} (known: {', '.join(registry.names())})"
+        if registry.reference_only(c.impl):
+            return f"backend {c.impl!r} is never a tuned pick: {registry.reference_only(c.impl)}"
         try:
             registry.check_params(registry.get(c.impl), dict(c.params))
         except registry.BackendUnavailable:

@@ -1,4 +1,5 @@
-"""One attention call of the main preset, eagerly, for Nsight Compute: ncu_case.py B CTX [PAGE]."""
+"""One attention call of the main preset, eagerly, for Nsight Compute:
+ncu_case.py B CTX [PAGE [IMPL]] (IMPL a registry spec such as cupy:skip_loads=1)."""
 import sys
 import torch
 from drafter_attn.kernels import registry
@@ -12,7 +13,7 @@ cache = random_paged_context(g, [ctx] * B, page, "cuda", torch.Generator().manua
 q = torch.randn(B, 16, 32, 128, device="cuda", dtype=torch.bfloat16)
 kb = torch.randn(B, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
 vb = torch.randn_like(kb)
-impl = registry.get("cupy")
+impl = registry.from_spec(sys.argv[4]) if len(sys.argv) > 4 else registry.get("cupy")
 for _ in range(3):
     impl.paged_attention(q, kb, vb, *cache)
 torch.cuda.synchronize()

@@ -1,5 +1,5 @@
-"""The examples in the docstrings of the contract, the reference, the presets, the Runtime, the ops
-and the registry run on the CPU and print what they say."""
+"""The examples in the docstrings of the contract, the reference, the presets, the Runtime, the ops,
+the registry and the syncing reference store run on the CPU and print what they say."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import doctest
 import pytest
 import torch
 
-from drafter_attn.kernels import contract, ops, presets, reference, registry, runtime
+from drafter_attn.kernels import contract, ops, presets, reference, registry, runtime, syncing_store
 from drafter_attn.kernels.cache import random_arena_context, random_paged_context
 from drafter_attn.kernels.presets import get_preset
 
@@ -28,9 +28,9 @@ def _contract_inputs() -> dict:
                 slots=slots)
 
 
-@pytest.mark.parametrize("module, examples", [(reference, 4), (contract, 4), (presets, 1), (runtime, 6),
-                                               (ops, 4), (registry, 6)],
-                         ids=["reference", "contract", "presets", "runtime", "ops", "registry"])
+@pytest.mark.parametrize("module, examples", [(reference, 4), (contract, 6), (presets, 1), (runtime, 6),
+                                               (ops, 4), (registry, 7), (syncing_store, 1)],
+                         ids=["reference", "contract", "presets", "runtime", "ops", "registry", "syncing_store"])
 def test_docstring_examples(module, examples):
     globs = dict(vars(module), torch=torch, get_preset=get_preset,
                  random_paged_context=random_paged_context, random_arena_context=random_arena_context,

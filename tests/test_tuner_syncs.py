@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import sqlite3
 
+import pytest
 import torch
 
 from drafter_attn.kernels import reference, registry
 from drafter_attn.kernels.spec import Geometry, Problem
+from drafter_attn.kernels.syncing_store import SyncingStoreBackend
 from drafter_attn.tuner import syncs
 from drafter_attn.tuner.step import DecodeStep
 
@@ -59,11 +61,13 @@ def test_parse_nsys_sqlite(tmp_path):
         assert r.by_call == {"cudaStreamSynchronize": 1}
 
 
-def test_nsys_missing_is_said_clearly(monkeypatch):
-    monkeypatch.setattr(syncs.shutil, "which", lambda name: None)
+def test_nsys_missing_is_said_clearly(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("NSYS", raising=False)
+    monkeypatch.setattr(syncs.nsys_tool, "INSTALL_GLOBS", (str(tmp_path / "*"),))
     result = syncs.nsys_syncs({"problem": {}})
-    assert result.syncs is None and result.note == syncs.NSYS_MISSING
-    assert "nsys not found on PATH" in result.note
+    assert result.syncs is None and result.note.startswith("nsys not found (PATH: no nsys; $NSYS: not set")
+    assert "the Nsight Systems layer did not run" in result.note
 
 
 def test_report_rows_are_null_where_not_measured():
@@ -71,7 +75,7 @@ def test_report_rows_are_null_where_not_measured():
     assert empty.syncs is None and empty.graph_capturable is None
     assert set(empty.as_row().values()) == {None}
     r = syncs.SyncReport(debug_syncs=0, profiler=syncs.RuntimeSyncs(0, 0.0, 0), graph_tried=True,
-                         notes=[syncs.NSYS_MISSING])
+                         notes=["nsys not found (PATH: no nsys)"])
     row = r.as_row()
     assert r.syncs == 0 and row["syncs_debug"] == 0 and row["syncs_profiler"] == 0
     assert row["graph_capturable"] is True and row["syncs_nsys"] is None
@@ -82,9 +86,8 @@ def test_report_rows_are_null_where_not_measured():
     assert "graph capture failed" in bad.as_row()["sync_note"]
 
 
-def test_bad_step_reads_num_new_and_still_computes_the_same(monkeypatch):
+def test_bad_step_reads_the_block_counts_and_still_computes_the_same(monkeypatch):
     g = Geometry(8, 2, 64, 4, num_layers=2, dtype="float32")
-    p = Problem(g, "paged", 8, 2, 10)
     reads = []
     original = torch.Tensor.tolist
 
@@ -92,17 +95,28 @@ def test_bad_step_reads_num_new_and_still_computes_the_same(monkeypatch):
         reads.append(tuple(self.shape))
         return original(self)
 
-    good = DecodeStep(p, "reference", device="cpu")
-    bad = syncs.bad_step(p, "reference", device="cpu")
-    assert bad.backend.name == "reference+tolist"
-    assert bad.backend.supports(p) is None  # everything else is the wrapped backend's
-    monkeypatch.setattr(torch.Tensor, "tolist", spy)
-    out_bad = bad.run()
-    assert reads == [(2,), (2,)]  # one host read of num_new per layer's store
-    reads.clear()
-    out_good = good.run()
-    assert reads == []
-    for a, b in zip(out_bad, out_good):
-        assert torch.equal(a, b)
-    assert isinstance(syncs.SyncingBackend(registry.get("reference")).with_params(), syncs.SyncingBackend)
-    assert syncs.SyncingBackend(registry.get("reference")).paged_attention is reference.paged_attention
+    for layout, page in (("paged", 8), ("arena", None)):
+        p = Problem(g, layout, page, 2, 10)
+        good = DecodeStep(p, "reference", device="cpu")
+        bad = syncs.bad_step(p, "reference", device="cpu")
+        assert bad.backend.name == "reference-syncing(reference)" and bad.backend.stalls_host
+        assert bad.backend.supports(p) is None  # everything else is the wrapped backend's
+        monkeypatch.setattr(torch.Tensor, "tolist", spy)
+        out_bad = bad.run()
+        assert reads == [(2,), (2,)]  # one host read of the per-request counts per layer's store
+        reads.clear()
+        out_good = good.run()
+        assert reads == []
+        monkeypatch.undo()
+        for a, b in zip(out_bad, out_good):
+            assert torch.equal(a, b)
+        for a, b in zip(bad.k_cache + bad.v_cache + bad.ctx_lens, good.k_cache + good.v_cache + good.ctx_lens):
+            assert torch.equal(a, b)
+    assert bad.backend.last_block_counts == [14, 14]  # the arena: rows held after the store of 4
+    paged = syncs.bad_step(Problem(g, "paged", 8, 2, 10), "reference", device="cpu")
+    paged.run()
+    assert paged.backend.last_block_counts == [2, 2]  # ceil((10 + 4) / 8) blocks per request
+    wrapped = SyncingStoreBackend(registry.get("reference"))
+    assert wrapped.paged_attention is reference.paged_attention and wrapped.with_params() is wrapped
+    with pytest.raises(ValueError, match="no tunable parameters"):
+        wrapped.with_params(tile_n=32)

@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 
+from drafter_attn.kernels import tuned_table
 from drafter_attn.tuner.cli_checks import int_list, positive_float, positive_int
 from drafter_attn.tuner.db import ProfileDB, SchemaError, default_path
 
@@ -31,9 +32,15 @@ TABLE_COLUMNS = ["gpu_name", "sm", "preset", "mask", "layout", "page_size", "bat
                  "params", "status", "median_us", "p10_us", "p90_us", "attention_median_us",
                  "store_median_us", "roofline_fraction", "syncs", "kv_mib", "reason"]
 
+# Shown beside `syncs` when a row has Nsight Systems figures: each detector layer's count and the
+# host time blocked.
+SYNC_COLUMNS = [*tuned_table.SYNC_COLUMNS, "sync_host_us", "sync_host_us_nsys"]
+
 # Table-view headers (CSV and JSON keep the database's column names).
 SHORT_HEADERS = {"page_size": "page", "ctx_len": "ctx", "attention_median_us": "attn_us",
-                 "store_median_us": "store_us", "roofline_fraction": "roofline", "gpu_name": "gpu"}
+                 "store_median_us": "store_us", "roofline_fraction": "roofline", "gpu_name": "gpu",
+                 "syncs_debug": "s_debug", "syncs_profiler": "s_prof", "syncs_nsys": "s_nsys",
+                 "sync_host_us": "blocked_us", "sync_host_us_nsys": "blocked_us_nsys"}
 INT_COLUMNS = {"sm", "page_size", "batch", "ctx_len", "window", "count", "syncs", "syncs_debug",
                "syncs_profiler", "syncs_nsys", "dtoh_copies", "kv_bytes", "workspace_bytes", "peak_bytes",
                "registers", "spill_bytes", "smem_dynamic", "smem_static", "num_layers"}
@@ -91,8 +98,6 @@ def load_results(path, *, sm=None, gpu=None, preset=None, impl=None, status=None
     matches every failed_* status."""
     import pandas as pd
 
-    from drafter_attn.kernels.tuned_table import SYNC_COLUMNS, sync_count
-
     where, args = [], []
     for column, value in (("e.sm", sm), ("r.preset", preset), ("r.impl", impl), ("r.layout", layout),
                           ("r.page_size", page_size), ("r.batch", batch), ("r.ctx_len", ctx_len),
@@ -113,8 +118,9 @@ def load_results(path, *, sm=None, gpu=None, preset=None, impl=None, status=None
     with ProfileDB(path, readonly=True) as db:
         df = db.frame(sql, args)
     # the most host syncs any detector layer measured (NULL where none ran)
-    df["syncs"] = pd.to_numeric(pd.Series([sync_count(r) for r in df[list(SYNC_COLUMNS)].to_dict("records")],
-                                          index=df.index, dtype=object))
+    detectors = df[list(tuned_table.SYNC_COLUMNS)].to_dict("records")
+    df["syncs"] = pd.to_numeric(pd.Series([tuned_table.sync_count(r) for r in detectors], index=df.index,
+                                          dtype=object))
     df["kv_mib"] = df["kv_bytes"] / 2**20
     return df
 
@@ -182,6 +188,10 @@ def cmd_show(args) -> int:
         df = df.tail(args.limit)
     # The table view shows the usual columns; CSV and JSON (and --all-columns) carry everything.
     columns = TABLE_COLUMNS if args.format == "table" and not args.all_columns else None
+    if columns and "syncs_nsys" in df and df["syncs_nsys"].notna().any():
+        # every layer side by side where Nsight Systems measured
+        at = columns.index("syncs") + 1
+        columns = columns[:at] + [c for c in SYNC_COLUMNS if c in df] + columns[at:]
     print_frame(df, args.format, columns, f"{len(df)} results in {path}")
     return 0
 

@@ -48,22 +48,33 @@ def _l2_bytes(index: int) -> int:
     return torch.cuda.get_device_properties(index).L2_cache_size or (60 << 20)
 
 
-def time_fn(fn, nbytes: int, reps: int = 0) -> tuple[dict, int]:
+def _timer(fn, eager: bool):
+    """time(reps, warmup, cold_l2) of `fn`: graph replays (captured once here), or eager calls."""
+    from drafter_attn.tuner import timing
+
+    if eager:
+        return lambda reps, warmup=3, cold_l2=True: timing.time_eager(fn, reps=reps, warmup=warmup, cold_l2=cold_l2)
+    graph = timing.capture(fn)
+    return lambda reps, warmup=10, cold_l2=True: timing.time_graph(graph, reps=reps, warmup=warmup, cold_l2=cold_l2)
+
+
+def time_fn(fn, nbytes: int, reps: int = 0, eager: bool = False) -> tuple[dict, int]:
     """Latency of `fn` (graph-capturable, moves at least `nbytes`) from CUDA graph replays, timed
     twice (the second median shows the noise), beside its floors: the copy roofline and the read
     floor of the same bytes, and the timing method's fixed cost. `reps=0` picks the count from a
-    short first timing. Returns (columns, reps used)."""
+    short first timing. `eager`: time eager calls instead (a step that syncs the host cannot be
+    captured). Returns (columns, reps used)."""
     import torch
 
-    from drafter_attn.tuner import floors, roofline, timing
+    from drafter_attn.tuner import floors, roofline
 
     cold = nbytes < FLUSH_BELOW_L2_MULTIPLE * _l2_bytes(torch.cuda.current_device())
-    graph = timing.capture(fn)
+    timer = _timer(fn, eager)
     if not reps:
-        reps = choose_reps(timing.time_graph(graph, reps=5, warmup=2, cold_l2=cold).median_us)
-    first = timing.time_graph(graph, reps=reps, cold_l2=cold)
-    second = timing.time_graph(graph, reps=reps, cold_l2=cold)
-    del graph
+        reps = choose_reps(timer(5, warmup=2, cold_l2=cold).median_us)
+    first = timer(reps, cold_l2=cold)
+    second = timer(reps, cold_l2=cold)
+    del timer
     row = dict(median_us=first.median_us, p10_us=first.p10_us, p90_us=first.p90_us,
                mean_us=first.mean_us, min_us=first.min_us, count=first.count,
                repeat_median_us=second.median_us, l2_flushed=cold,
@@ -73,15 +84,14 @@ def time_fn(fn, nbytes: int, reps: int = 0) -> tuple[dict, int]:
     return row, reps
 
 
-def time_step(step, reps: int = 0) -> dict:
-    """The whole step (`time_fn`) and each half alone (attention, store), from graph replays."""
-    from drafter_attn.tuner import timing
-
-    row, reps = time_fn(step.run, step.bytes_moved, reps)
+def time_step(step, reps: int = 0, eager: bool = False) -> dict:
+    """The whole step (`time_fn`) and each half alone (attention, store), from graph replays
+    (eager calls with `eager`)."""
+    row, reps = time_fn(step.run, step.bytes_moved, reps, eager=eager)
     for name, fn in (("attention", step.attention_only), ("store", step.store_only)):
-        graph = timing.capture(fn)
-        t = timing.time_graph(graph, reps=reps, cold_l2=row["l2_flushed"])
-        del graph
+        timer = _timer(fn, eager)
+        t = timer(reps, cold_l2=row["l2_flushed"])
+        del timer
         row.update({f"{name}_median_us": t.median_us, f"{name}_p10_us": t.p10_us,
                     f"{name}_p90_us": t.p90_us})
     return row
@@ -108,7 +118,7 @@ def measure_baseline(name: str, geometry, page: int, batch: int, ctx: int, *, re
         row.update(attention_median_us=row["median_us"], attention_p10_us=row["p10_us"],
                    attention_p90_us=row["p90_us"], kv_bytes=base.kv_bytes)
         report = syncs.detect_syncs(base.run, graph=False)
-        report.notes[:] = [n for n in report.notes if not n.startswith("nsys layer")]
+        report.notes[:] = [n for n in report.notes if n != syncs.NSYS_NOT_ASKED]
         report.notes.append(f"{name} baseline: one layer's attention, no store")
         row.update(report.as_row(), graph_capturable=True, status="ok", reason=None)
     except Exception as exc:
@@ -147,12 +157,19 @@ def failure(exc: BaseException) -> tuple[str, str]:
     return "failed_runtime", f"{type(exc).__name__}: {exc}{at}"[:4000]
 
 
-def measure_candidate(wire: dict, *, reps: int = 0, nsys: bool = False) -> dict:
-    """Measure `wire` (Candidate.to_wire()) on cuda:0 -> result columns. Never raises."""
+def stalling_reason(impl: str, stall: str) -> str:
+    """The reason an ok row of a reference that stalls the host carries."""
+    return (f"{impl}: a reference that stalls the host, never a candidate ({stall}); timed eagerly, "
+            "as a step that syncs cannot be captured into a CUDA graph")
+
+
+def measure_candidate(wire: dict, *, reps: int = 0, nsys: bool = False, **step_options) -> dict:
+    """Measure `wire` (Candidate.to_wire()) on cuda:0 -> result columns. Never raises.
+    `step_options` go to the DecodeStep (`table_capacity`, `max_ctx_hint`)."""
     from drafter_attn.tuner.step import DecodeStep
 
     return measure_step(wire, lambda c, backend: DecodeStep(c.problem, backend, c.params_dict,
-                                                            accepted=c.accepted),
+                                                            accepted=c.accepted, **step_options),
                         reps=reps, nsys=nsys)
 
 
@@ -178,20 +195,25 @@ def measure_step(wire: dict, make_step, *, reps: int = 0, nsys: bool = False,
         if reason:
             return dict(status="unsupported", reason=reason, elapsed_s=time.perf_counter() - t0)
         step = make_step(c, backend)
+        # A reference that stalls the host on purpose (reference-syncing) cannot be captured:
+        # it is timed eagerly, and its capture is tried to show that it fails.
+        stalls = getattr(backend, "stalls_host", None)
         diagnostic = bool(c.params_dict.get("skip_compute") or c.params_dict.get("skip_loads"))
         if diagnostic:  # loads or math only: the output is not attention, so timed but never ok
             row["rel_err"] = None
         else:
             row["rel_err"] = step.check()
-        row.update(time_step(step, reps))
+        row.update(time_step(step, reps, eager=bool(stalls)))
         row.update(memory.measure_step_memory(step.run, step.kv_bytes).as_dict())
-        # The step was captured above, so the capture layer is known to pass.
-        report = syncs.detect_syncs(step.run, graph=False, nsys_candidate=wire if nsys else None)
+        # Otherwise the step was captured above, so the capture layer is known to pass.
+        report = syncs.detect_syncs(step.run, graph=bool(stalls), nsys_candidate=wire if nsys else None)
         if nsys_note:
-            report.notes[:] = [n for n in report.notes if not n.startswith("nsys layer")]
+            report.notes[:] = [n for n in report.notes if n != syncs.NSYS_NOT_ASKED]
             report.notes.append(nsys_note)
-        row.update(report.as_row(), graph_capturable=True)
-        row.update(status="ok", reason=None)
+        row.update(report.as_row())
+        if not stalls:
+            row["graph_capturable"] = True
+        row.update(status="ok", reason=None if not stalls else stalling_reason(c.impl, stalls))
         if diagnostic:
             row.update(status="failed_correctness", reason=DIAGNOSTIC_REASON)
     except Exception as exc:

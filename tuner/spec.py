@@ -15,7 +15,7 @@
     accepted = 16                           # mean rows stored per request (default: block size)
     timeout_s = 600                         # per candidate, in its worker
     reps = 0                                # timed replays; 0 = chosen from the step's length
-    nsys = false                            # also run Nsight Systems (when on PATH) per candidate
+    nsys = false                            # also run Nsight Systems per candidate (tuner.nsys finds it)
     targets = ["sm90", "B200"]              # only on these GPUs (SM target or part of the GPU name),
                                             # each candidate once per target; default: any GPU
 

@@ -13,6 +13,11 @@ the block's q / k_blk / v_blk, and the Qb rows of the previous block to store, o
 `num_new[b]` are valid (a device tensor). `run()` does, for each layer, the store then the
 attention, as a serving engine does after verification.
 
+`table_capacity` (paged only) sizes the block table for that many tokens, as an engine sizes it
+for the model's longest context, while the pool still holds only the pages the context needs;
+`max_ctx_hint` passes the attention the host-side bound `max_ctx` = ctx_len + the stored rows
+(what an engine knows without a device read), so the split is planned from the real length.
+
 The step is re-runnable: each layer's `ctx_lens` lives in one [layers, batch] device tensor that
 `run()` first resets by a device copy from the saved start lengths, so every replay of a captured
 graph stores the same rows and attends the same lengths. Only the host builds and checks; a run
@@ -28,6 +33,7 @@ import torch
 
 from drafter_attn.kernels import reference, registry
 from drafter_attn.kernels.cache import _randn, random_arena_context, random_paged_context
+from drafter_attn.kernels.contract import hint_kwargs
 from drafter_attn.kernels.spec import Problem
 from drafter_attn.tuner import memory, roofline
 
@@ -76,11 +82,24 @@ class DecodeStep:
 
     `backend` is a registry name or a backend object; `params` (may be empty) are bound with
     `with_params`. `accepted` is the mean number of rows stored per request (default Qb).
+    `table_capacity`: tokens the block table addresses (paged; None: fitted to the context and
+    the store); `max_ctx_hint`: pass the attention `max_ctx` (see the module docstring).
     """
 
     def __init__(self, problem: Problem, backend="cupy", params: dict | None = None, *,
-                 accepted: float | None = None, device="cuda", seed: int = 0):
+                 accepted: float | None = None, device="cuda", seed: int = 0,
+                 table_capacity: int | None = None, max_ctx_hint: bool = False):
         self.problem = problem
+        self.table_capacity = table_capacity
+        if table_capacity is not None:
+            need = problem.ctx_len + self.store_rows
+            if problem.layout != "paged":
+                raise ValueError("table_capacity sizes a block table: paged layout only")
+            if not isinstance(table_capacity, int) or table_capacity < need:
+                raise ValueError(f"table_capacity={table_capacity!r} tokens cannot hold the context "
+                                 f"{problem.ctx_len} plus the {self.store_rows} stored rows")
+        # The host-side bound an engine knows: the committed length plus the rows stored.
+        self.max_ctx = problem.ctx_len + self.store_rows if max_ctx_hint else None
         impl = registry.get(backend) if isinstance(backend, str) else backend
         self.backend = impl.with_params(**params) if params else impl
         self.params = dict(params or {})
@@ -126,7 +145,8 @@ class DecodeStep:
         if self.paged:
             ps = p.page_size
             extra = math.ceil((p.ctx_len + self.store_rows) / ps) - math.ceil(p.ctx_len / ps)
-            return random_paged_context(g, lens, ps, self.device, gen, extra_pages=extra)
+            width = None if self.table_capacity is None else math.ceil(self.table_capacity / ps)
+            return random_paged_context(g, lens, ps, self.device, gen, extra_pages=extra, max_pages=width)
         return random_arena_context(g, lens, p.ctx_len + self.store_rows, self.device, gen, extra_slots=0)
 
     def _block(self, gen):
@@ -142,11 +162,15 @@ class DecodeStep:
         self._store_fn(self.k_new[layer], self.v_new[layer], self.num_new, self.k_cache[layer],
                        self.v_cache[layer], self.table, self.ctx_lens[layer])
 
+    @property
+    def _hint(self) -> dict:
+        return hint_kwargs(self.max_ctx)
+
     def _attend(self, layer: int) -> torch.Tensor:
         g = self.problem.geometry
         return self._attend_fn(self.q[layer], self.k_blk[layer], self.v_blk[layer], self.k_cache[layer],
                                self.v_cache[layer], self.table, self.ctx_lens[layer],
-                               mask=g.mask, window=g.window)
+                               mask=g.mask, window=g.window, **self._hint)
 
     def reset(self) -> None:
         """Context lengths back to the start of the step (device copy; capturable)."""
@@ -226,7 +250,7 @@ class DecodeStep:
                 raise CorrectnessError(f"{self._name()}: the store wrote a different {name} than the reference")
 
         _poison_allocator(q)
-        out = self._attend_fn(q, kb, vb, k, v, table, lens, mask=g.mask, window=g.window)
+        out = self._attend_fn(q, kb, vb, k, v, table, lens, mask=g.mask, window=g.window, **self._hint)
         # The reference in request chunks: its memory grows with batch x capacity.
         capacity = (table.shape[1] * p.page_size) if self.paged else k.shape[1]
         chunk = max(1, _REFERENCE_TOKENS // max(1, capacity))
@@ -250,4 +274,6 @@ class DecodeStep:
     def _name(self) -> str:
         p = self.problem
         layout = f"paged(page_size={p.page_size})" if self.paged else "arena"
-        return f"backend {self.backend.name!r} {layout} B={p.batch} ctx={p.ctx_len}"
+        table = "" if self.table_capacity is None else f" table={self.table_capacity}"
+        hint = "" if self.max_ctx is None else f" max_ctx={self.max_ctx}"
+        return f"backend {self.backend.name!r} {layout} B={p.batch} ctx={p.ctx_len}{table}{hint}"

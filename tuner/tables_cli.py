@@ -170,7 +170,7 @@ def cmd_predict(args) -> int:
 
 
 def cmd_auto(args) -> int:
-    from drafter_attn.kernels.auto import Deployment, recommend
+    from drafter_attn.kernels.auto import Deployment, merge_entries, recommend
     from drafter_attn.kernels.dispatch import TableError, load_entries
 
     try:
@@ -188,17 +188,27 @@ def cmd_auto(args) -> int:
             return _fail("auto", exc)
     else:
         note = f"no tuned table or profile database at {source}: nothing measured"
+    more = []
+    for extra in args.more or []:
+        try:  # named explicitly: a missing or unusable one is an error, not a note
+            more.append(load_entries(Path(extra), include_predicted=args.include_predicted)[0])
+        except TableError as exc:
+            return _fail("auto", exc)
+    if more:
+        entries = merge_entries(entries, *more)
+        note = None if entries else note
     rec = recommend(d, entries, args.sm, latency_tolerance=args.tolerance, hit_lengths=args.hit_lengths)
+    sources = ", ".join([str(source)] + list(args.more or []))
     if args.format == "json":
         out = rec.as_dict()
-        out["measurements"] = str(source)
+        out["measurements"] = sources
         if note:
             out["missing"].insert(0, note)
         print(json.dumps(out, indent=1))
     else:
         if note:
             print(note)
-        print(f"measurements: {source}")
+        print(f"measurements: {sources}")
         print(rec.to_text())
     return 0
 
@@ -299,6 +309,10 @@ def add_commands(sub, add_db) -> None:
     p.add_argument("--sm", type=int, help="SM of the measurements (default: the only one present)")
     p.add_argument("--table", help="tuned table or profile database (default: --db, else the default database)")
     add_db(p)
+    p.add_argument("--with", dest="more", action="append", metavar="PATH",
+                   help="more measurements (tuned table or profile database, e.g. the long-context run's "
+                        "database of scripts/long_ctx.sh); their entries replace the main source's for the "
+                        "same problem. Repeatable")
     p.add_argument("--include-predicted", action="store_true", help="also use predicted rows")
     p.add_argument("--tolerance", type=non_negative_float, default=0.01,
                    help="paged latency overhead over the arena still accepted (default 0.01 = 1%%)")

@@ -90,6 +90,26 @@ def time_graph(graph: torch.cuda.CUDAGraph, reps: int = 100, warmup: int = 10,
     return summarize([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
 
 
+def time_eager(fn, reps: int = 100, warmup: int = 3, cold_l2: bool = True) -> Timing:
+    """Time `fn` called eagerly `reps` times, each call alone between CUDA events (L2 evicted
+    before each when `cold_l2`): for a step that cannot be captured into a graph, such as one
+    whose host waits for the device inside it. The host's launch time and its waits show in the
+    figures, as they do when such a step runs in a serving loop."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for start, end in zip(starts, ends):
+        if cold_l2:
+            flush_l2()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return summarize([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
+
+
 def time_replays(fn, reps: int = 100, warmup: int = 10, cold_l2: bool = True) -> Timing:
     """Capture `fn` (a whole step: must not sync the host) and time its replays."""
     return time_graph(capture(fn), reps=reps, warmup=warmup, cold_l2=cold_l2)
