@@ -150,23 +150,24 @@ def baseline_names(option: str, geometry) -> list[str]:
 
 def check_memory(geometry, points, pages, names, gpu_bytes: int) -> None:
     """SystemExit (before anything is measured) naming the largest point whose one-layer step
-    or baseline would not fit `gpu_bytes` of GPU memory (bench.memory.measurement_bytes)."""
-    from drafter_attn.bench import memory as kvmem
+    or baseline would not fit `gpu_bytes` of GPU memory (tuner.memory.measurement_bytes)."""
+    from drafter_attn.kernels.footprint import fmt_bytes
+    from drafter_attn.tuner import memory as step_memory
 
     g1 = geometry.with_(num_layers=1)
     need = []
     for batch, ctx in points:
         for page in [*pages, None]:
-            need.append((kvmem.measurement_bytes(g1, "paged" if page else "arena", page, batch, ctx,
+            need.append((step_memory.measurement_bytes(g1, "paged" if page else "arena", page, batch, ctx,
                                                  g1.block_size), f"{'page ' + str(page) if page else 'arena'} "
                                                                  f"B={batch} ctx={ctx}"))
             if page and names:
-                need.append((kvmem.baseline_bytes(g1, page, batch, ctx), f"baselines page {page} B={batch} ctx={ctx}"))
+                need.append((step_memory.baseline_bytes(g1, page, batch, ctx), f"baselines page {page} B={batch} ctx={ctx}"))
     worst, what = max(need)
-    usable = int(gpu_bytes * kvmem.USABLE_FRACTION)
+    usable = int(gpu_bytes * step_memory.USABLE_FRACTION)
     if worst > usable:
-        raise SystemExit(f"attention table: {what} needs about {kvmem.fmt_bytes(worst)} of GPU memory, more "
-                         f"than the {kvmem.fmt_bytes(usable)} usable of this GPU's {kvmem.fmt_bytes(gpu_bytes)}; "
+        raise SystemExit(f"attention table: {what} needs about {fmt_bytes(worst)} of GPU memory, more "
+                         f"than the {fmt_bytes(usable)} usable of this GPU's {fmt_bytes(gpu_bytes)}; "
                          f"lower --batch or --ctx (or --shapes)")
 
 

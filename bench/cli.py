@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV footprint, arena against paged (no GPU needed)",
         description="KV-cache bytes of a deployment: a dense arena (one max-context slot per request) "
                     "against a paged cache (pages for the expected context plus the store's Qb rows, "
-                    "plus the block table), per page size. See bench/memory.py for the model.")
+                    "plus the block table), per page size. The model: kernels/footprint.py.")
     m.add_argument("--max-ctx", type=opt.max_ctx, default=opt.max_ctx("128k"),
                    help="tokens one request may hold (the arena's slot)")
     m.add_argument("--concurrency", type=opt.concurrency, default=16, help="requests served at once")
@@ -292,7 +292,7 @@ def cmd_memory(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from drafter_attn.bench import memory as kvmem
+    from drafter_attn.kernels import footprint as kvmem
 
     geometry, label = opt.geometry_from_args(args)
     ctxs = args.ctx if args.ctx is not None else kvmem.default_contexts(geometry, args.max_ctx)

@@ -18,7 +18,7 @@ not recorded into the profile database: its problem key has no table width, and 
 for the fitted table's rows in `tuner export`, `kernels.dispatch` and a sweep's resume.
 
 `plan()` turns options into jobs (no GPU needed); `check_memory()` refuses a job whose tensors
-would not fit the GPU (bench.memory.measurement_bytes) before anything is measured; `execute()`
+would not fit the GPU (tuner.memory.measurement_bytes) before anything is measured; `execute()`
 measures them with injectable measure functions (the CPU tests pass fakes); `finish()` adds the
 paged-over-arena overhead, the cost over the fitted table and the KV memory model of the
 configured concurrency and max context.
@@ -37,8 +37,10 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from drafter_attn.bench import memory as kvmem
 from drafter_attn.bench.options import BenchError
+from drafter_attn.kernels import footprint as kvmem
+from drafter_attn.kernels.tuned_table import sync_count
+from drafter_attn.tuner import memory as step_memory
 
 DECODE, CONTEXT = "decode", "context"
 FALLBACK_IMPL = "cupy"
@@ -239,9 +241,9 @@ def plan(command: str, geometry, label: str, preset: str | None, *, pages, batch
 
 
 def job_bytes(p: Plan, job: Job) -> int:
-    """GPU bytes one job's measurement needs at its peak (bench.memory.measurement_bytes)."""
+    """GPU bytes one job's measurement needs at its peak (tuner.memory.measurement_bytes)."""
     room = p.geometry.block_size if job.step == DECODE else job.chunk
-    return kvmem.measurement_bytes(p.geometry, job.layout, job.page, job.batch, job.ctx, room, job.table)
+    return step_memory.measurement_bytes(p.geometry, job.layout, job.page, job.batch, job.ctx, room, job.table)
 
 
 def check_memory(p: Plan, gpu_bytes: int, sm: int | None = None) -> None:
@@ -249,12 +251,12 @@ def check_memory(p: Plan, gpu_bytes: int, sm: int | None = None) -> None:
     `gpu_bytes` of GPU memory, naming the largest and what to lower."""
     need = [(job_bytes(p, j), f"{j.step} {j.layout}" + (f" page {j.page}" if j.page else "")
              + (f" table {j.table}" if j.table else "") + f" B={j.batch} ctx={j.ctx}") for j in p.jobs]
-    need += [(kvmem.baseline_bytes(p.geometry, page, b, c), f"baseline {name} page {page} B={b} ctx={c}")
+    need += [(step_memory.baseline_bytes(p.geometry, page, b, c), f"baseline {name} page {page} B={b} ctx={c}")
              for name, b, c, page in p.baseline_jobs(sm)]
     if not need:
         return
     worst, what = max(need)
-    usable = int(gpu_bytes * kvmem.USABLE_FRACTION)
+    usable = int(gpu_bytes * step_memory.USABLE_FRACTION)
     if worst > usable:
         n = sum(1 for b, _ in need if b > usable)
         raise BenchError(
@@ -356,13 +358,6 @@ def sync_lines(rows: list[dict]) -> list[str]:
                    + ", ".join(f"{k} {v}" for k, v in layers.items() if v is not None)
                    + f" ({agree}); host blocked per step: {blocked or 'not measured'}")
     return out
-
-
-def sync_count(row: dict) -> int | None:
-    """Blocking host waits per step: the most any detector saw; None when none measured."""
-    counts = [row.get(k) for k in ("syncs_debug", "syncs_profiler", "syncs_nsys")]
-    counts = [c for c in counts if c is not None]
-    return max(counts) if counts else None
 
 
 def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measure_baseline=None,

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from drafter_attn.bench.memory import fmt_bytes
 from drafter_attn.kernels.baselines import is_baseline
+from drafter_attn.kernels.footprint import fmt_bytes
+from drafter_attn.kernels.tuned_table import SYNC_COLUMNS
 from drafter_attn.tuner.cli_checks import write_whole
 
 # Line style of each baseline in the plots (colour follows the page size).
@@ -99,7 +100,7 @@ def _syncs(r: dict) -> str:
     profiler / Nsight Systems ("-" where a layer did not run), red when any is not zero."""
     if r.get("status") != "ok":
         return "-"
-    layers = [r.get(k) for k in ("syncs_debug", "syncs_profiler", "syncs_nsys")]
+    layers = [r.get(k) for k in SYNC_COLUMNS]
     if all(not _num(v) for v in layers):
         return "n/a"
     text = "/".join(str(int(v)) if _num(v) else "-" for v in layers)

@@ -21,7 +21,7 @@ import pandas as pd
 
 from drafter_attn.bench.options import BenchError
 from drafter_attn.bench.output import BASELINE_DASH, ctx_axis, save_figure
-from drafter_attn.kernels import baselines
+from drafter_attn.kernels import baselines, tuned_table
 from drafter_attn.tuner.cli_checks import write_whole
 
 GEOM_COLS = ["num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window", "num_layers", "dtype"]
@@ -189,7 +189,7 @@ def sync_table(g: pd.DataFrame) -> pd.DataFrame:
     figures side by side (empty when there are none)."""
     if g.empty or not set(SYNC_COLUMNS) <= set(g.columns):
         return pd.DataFrame()
-    counts = g[["syncs_debug", "syncs_profiler", "syncs_nsys"]].apply(pd.to_numeric)
+    counts = g[list(tuned_table.SYNC_COLUMNS)].apply(pd.to_numeric)
     keep = g["syncs_nsys"].notna() | (counts.fillna(0) > 0).any(axis=1)
     if not keep.any():
         return pd.DataFrame()

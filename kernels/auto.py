@@ -8,7 +8,7 @@ rounding a prefix hit to a page boundary. Pure functions (no GPU, no database).
   up to the maximum context (tuned-table entries, `kernels.dispatch`);
 - KV memory: the arena is dense in max_ctx (every slot holds max_ctx tokens whatever the real
   lengths); the paged pool holds pages of the tokens it has (the same at max context, plus page
-  rounding and the block table; less below it);
+  rounding and the block table; less below it): the memory model of `kernels.footprint`;
 - prefix reuse: only the paged pool can share a prefix hit's pages or receive the drafter's
   context from another worker; an arena slot recomputes or copies it;
 - disaggregated serving: the prefill workers hand the KV over in pages, which only the paged pool
@@ -36,14 +36,12 @@ import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+from drafter_attn.kernels.footprint import DEFAULT_PAGES, arena_bytes, paged_bytes, token_bytes
 from drafter_attn.kernels.presets import get_preset
 from drafter_attn.kernels.spec import Geometry, is_power_of_two
 
 SERVING = ("agg", "disagg")
 LONG_CTX = 131072  # from here on a context is long: measured at small batch (issue 12)
-DEFAULT_PAGES = (16, 32, 64, 128)
-TABLE_ENTRY_BYTES = 4  # int32 page ids
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 @dataclass(frozen=True)
@@ -122,27 +120,6 @@ class Recommendation:
         if self.missing:
             lines += ["", "missing measurements:"] + [f"  - {m}" for m in self.missing]
         return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------
-# memory model (docs/design.md, "The two layouts")
-
-
-def token_bytes(g: Geometry) -> int:
-    """K and V bytes of one token over all layers."""
-    return 2 * g.num_layers * g.num_kv_heads * g.head_dim * DTYPE_BYTES[g.dtype]
-
-
-def arena_bytes(g: Geometry, concurrency: int, max_ctx: int) -> int:
-    return concurrency * max_ctx * token_bytes(g)
-
-
-def paged_bytes(g: Geometry, concurrency: int, ctx: int, page_size: int, max_ctx: int) -> int:
-    """Pages for `ctx` tokens per request (rounded up to pages) plus the int32 block table sized
-    for max_ctx."""
-    pages = math.ceil(ctx / page_size)
-    table = concurrency * math.ceil(max_ctx / page_size) * TABLE_ENTRY_BYTES
-    return concurrency * pages * page_size * token_bytes(g) + table
 
 
 def _gib(n: float) -> str:

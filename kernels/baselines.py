@@ -25,6 +25,7 @@ import os
 import torch
 
 from drafter_attn.kernels.cache import _randn
+from drafter_attn.kernels.footprint import kv_bytes
 from drafter_attn.kernels.spec import Geometry
 
 FA2, FA2_GRAPH, XQA = "flashinfer-fa2", "flashinfer-fa2-graph", "trtllm-xqa"
@@ -76,7 +77,8 @@ class _AppendedPages:
         self.k_pages = _randn(shape, g, device, gen)
         self.v_pages = _randn(shape, g, device, gen)
         self.q = _randn((len(ctx_lens) * qb, g.num_q_heads, g.head_dim), g, device, gen)
-        self.kv_bytes = 2 * sum(self.kv_lens) * g.num_kv_heads * g.head_dim * self.k_pages.element_size()
+        self.kv_bytes = kv_bytes(sum(self.kv_lens), g.num_kv_heads, g.head_dim, 1,
+                                 self.k_pages.element_size())
         self.workspace = torch.zeros(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
     def block_table(self) -> torch.Tensor:

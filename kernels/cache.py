@@ -12,6 +12,7 @@ from collections import Counter
 
 import torch
 
+from drafter_attn.kernels.footprint import kv_bytes
 from drafter_attn.kernels.spec import Geometry, check_positive_int, is_power_of_two
 
 
@@ -96,8 +97,8 @@ class PagedKVPool:
 
     @staticmethod
     def bytes_for(num_pages, page_size, num_kv_heads, head_dim, num_layers=1, dtype=torch.bfloat16) -> int:
-        """What `kv_bytes()` of such a pool would be, without allocating it."""
-        return 2 * num_layers * num_pages * num_kv_heads * page_size * head_dim * dtype.itemsize
+        """What `kv_bytes()` of such a pool would be, without allocating it (kernels.footprint)."""
+        return kv_bytes(num_pages * page_size, num_kv_heads, head_dim, num_layers, dtype.itemsize)
 
 
 class BlockTables:
@@ -201,8 +202,8 @@ class ArenaKVCache:
 
     @staticmethod
     def bytes_for(num_slots, max_ctx, num_kv_heads, head_dim, num_layers=1, dtype=torch.bfloat16) -> int:
-        """What `kv_bytes()` of such an arena would be, without allocating it."""
-        return 2 * num_layers * num_slots * max_ctx * num_kv_heads * head_dim * dtype.itemsize
+        """What `kv_bytes()` of such an arena would be, without allocating it (kernels.footprint)."""
+        return kv_bytes(num_slots * max_ctx, num_kv_heads, head_dim, num_layers, dtype.itemsize)
 
 
 # ---------------------------------------------------------------------------------------------

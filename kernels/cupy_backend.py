@@ -27,6 +27,7 @@ from typing import Callable, ClassVar
 import torch
 
 from drafter_attn.kernels import contract
+from drafter_attn.kernels.footprint import partial_elems
 from drafter_attn.kernels.nvrtc import compile_for_device
 from drafter_attn.kernels.spec import Problem
 
@@ -587,7 +588,8 @@ class CupyBackend:
                                      dims.block_size, dims.group, p)
         splits = self.plan_splits(dims, p, q.device)
         rows = dims.block_size * dims.group
-        lse_elems = splits * dims.batch * dims.num_kv_heads * rows if splits > 1 else 0
+        part_elems, lse_elems = partial_elems(dims.batch, dims.num_kv_heads, rows, dims.head_dim,
+                                              splits)
         packed = DrafterParams(
             loc_stride=loc_stride(k_cache, dims.page_size), qb=dims.block_size, hq=dims.num_q_heads,
             hkv=dims.num_kv_heads, group=dims.group,
@@ -603,8 +605,7 @@ class CupyBackend:
                              CombineArgs(batch=dims.batch, qb=dims.block_size,
                                          hq=dims.num_q_heads, hkv=dims.num_kv_heads,
                                          group=dims.group, splits=splits))
-        plan = AttentionPlan(index, splits, lse_elems * dims.head_dim, lse_elems, attention,
-                             combine)
+        plan = AttentionPlan(index, splits, part_elems, lse_elems, attention, combine)
         self._plans[key] = plan
         return plan
 

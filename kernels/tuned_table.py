@@ -68,6 +68,8 @@ DB_READS_VERSIONS = ("1", "2")  # version 2 only added columns this runtime does
 SHAPE_FIELDS = ("num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window", "dtype",
                 "layout", "page_size")
 VERSION_FIELDS = ("torch", "cupy", "cutlass", "nvrtc")
+# The host-sync detector layers of a result row (tuner.syncs): debug mode, profiler, Nsight Systems.
+SYNC_COLUMNS = ("syncs_debug", "syncs_profiler", "syncs_nsys")
 DB_ROWS_SQL = """
 SELECT e.sm, e.gpu_name, e.driver, e.cuda, e.torch, e.cupy, e.cutlass, e.nvrtc, e.sources_hash,
        r.env_id, r.preset,
@@ -267,9 +269,12 @@ class Entry(Mapping):
 # Database rows -> entries (shared by the runtime's database reader and `tuner export`)
 
 
-def _syncs(row: dict):
-    vals = [row.get(k) for k in ("syncs_debug", "syncs_profiler", "syncs_nsys")]
-    vals = [v for v in vals if v is not None]
+def sync_count(row) -> int | None:
+    """Blocking host waits per step of a result row (a dict, or anything with `.get`): the most
+    any detector layer saw (`SYNC_COLUMNS`); None when none measured (NULL or NaN everywhere).
+    The one rule: the runtime's entries, `tuner show`, `bench decode` and tuner.syncs use it."""
+    vals = [row.get(k) for k in SYNC_COLUMNS]
+    vals = [v for v in vals if v is not None and v == v]  # NaN (a pandas NULL) != NaN
     return max(vals) if vals else None
 
 
@@ -308,7 +313,7 @@ def _entry_of(ranked: list[dict]) -> dict:
             "median_us": best["median_us"], "num_layers": layers, "per_layer_us": best["per_layer_us"],
             "attention_median_us": best.get("attention_median_us"),
             "store_median_us": best.get("store_median_us"),
-            "syncs": _syncs(best),
+            "syncs": sync_count(best),
             "graph_capturable": None if best.get("graph_capturable") is None
             else bool(best["graph_capturable"]),
             "kv_bytes": best.get("kv_bytes"), "workspace_bytes": best.get("workspace_bytes"),
@@ -325,13 +330,25 @@ def _entry_of(ranked: list[dict]) -> dict:
                            "preset": best.get("preset")}}
 
 
-def select_entries(rows, *, include_predicted: bool = False, where: str = "profile database") -> list[dict]:
-    """Winners per (SM, shape, batch, context) from result rows (dicts with the columns of
-    `DB_ROWS_SQL`): the newest row of each (impl, params) counts; candidates rank by `rank_key`.
-    Rows of a reference-only backend (`registry.reference_only`, e.g. `reference-syncing`) are
-    never candidates. Predicted rows are left out unless `include_predicted`. Rows that cannot
-    be read (params that are not JSON, a latency that is not a number) are left out with one
-    warning."""
+def row_key(row: dict) -> tuple:
+    """The key of a (clean) result row: the key of the entry it competes for."""
+    return (row["sm"], *(row[f] for f in SHAPE_FIELDS), row["batch"], row["ctx_len"])
+
+
+def candidate_of(row: dict) -> tuple:
+    """What competes within a key: (impl, canonical params JSON, provenance kind)."""
+    return (row["impl"], _canonical(row["params"]), row.get("provenance") or "measured")
+
+
+def group_rows(rows, *, include_predicted: bool = False,
+               where: str = "profile database") -> dict[tuple, list[dict]]:
+    """Result rows (dicts with at least the columns of `DB_ROWS_SQL`) by key (`row_key`), each
+    key's candidates ranked by `rank_key`: the newest row of each candidate (`candidate_of`)
+    counts, with its params parsed and its `per_layer_us`. Predicted rows are left out unless
+    `include_predicted`. Rows of a reference-only backend (`registry.reference_only`, e.g.
+    `reference-syncing`) are never candidates. Rows that cannot be read (params that are not
+    JSON, a latency that is not a number) are left out with one warning. Keys come in sorted
+    order."""
     from drafter_attn.kernels import registry
 
     groups: dict[tuple, dict[tuple, dict]] = {}
@@ -344,20 +361,25 @@ def select_entries(rows, *, include_predicted: bool = False, where: str = "profi
             continue  # measured to compare against (e.g. reference-syncing), never a candidate
         try:
             row = _clean_row(raw)
-            key = (row["sm"], *(row[f] for f in SHAPE_FIELDS), row["batch"], row["ctx_len"])
+            key = row_key(row)
         except (EntryError, KeyError) as exc:
             skipped.append((f"row {raw.get('row_order', i)}", str(exc)))
             continue
-        cand = (row["impl"], _canonical(row["params"]), kind)
         seen = groups.setdefault(key, {})
+        cand = candidate_of(row)
         old = seen.get(cand)
         if old is None or _age(row) >= _age(old):
             seen[cand] = row
-    warn_skipped(where, "rows", skipped)
-    entries = []
-    for key in sorted(groups, key=lambda k: tuple(-1 if v is None else v for v in k)):
-        entries.append(_entry_of(sorted(groups[key].values(), key=_row_rank)))
-    return entries
+    warn_skipped(where, "rows", skipped, stacklevel=4)
+    return {key: sorted(groups[key].values(), key=_row_rank)
+            for key in sorted(groups, key=lambda k: tuple(-1 if v is None else v for v in k))}
+
+
+def select_entries(rows, *, include_predicted: bool = False, where: str = "profile database") -> list[dict]:
+    """Winners per (SM, shape, batch, context) from result rows (`group_rows`), as tuned-table
+    entries: the best candidate with up to MAX_ALTERNATIVES runners-up."""
+    return [_entry_of(ranked) for ranked in
+            group_rows(rows, include_predicted=include_predicted, where=where).values()]
 
 
 def make_table(entries: list, source: dict | None = None, created_at: str | None = None,
@@ -612,7 +634,7 @@ def load_entries(path, *, include_predicted: bool = False) -> tuple[list[Entry],
 # Warnings: one per load, each distinct reason once
 
 
-def warn_skipped(where: str, what: str, skipped: list[tuple[str, str]]) -> None:
+def warn_skipped(where: str, what: str, skipped: list[tuple[str, str]], stacklevel: int = 3) -> None:
     """One warning for everything a load left out: (item, why) pairs grouped by why."""
     if not skipped:
         return
@@ -621,4 +643,4 @@ def warn_skipped(where: str, what: str, skipped: list[tuple[str, str]]) -> None:
         groups.setdefault(why, []).append(item)
     detail = "; ".join(f"{why} ({len(items)}x, first {items[0]})" for why, items in groups.items())
     warnings.warn(f"{where}: {len(skipped)} {what} left out (misses; the default heuristic answers "
-                  f"for them): {detail}", RuntimeWarning, stacklevel=3)
+                  f"for them): {detail}", RuntimeWarning, stacklevel=stacklevel)

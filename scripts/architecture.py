@@ -29,13 +29,13 @@ BANDS = {  # package: (y0, y1, fill)
 # name: (x centre, y centre, width, height, label)
 BOXES = {
     "decode": (3.0, 9.0, 3.6, 1.1, "bench decode / prefill\nbench.decode, bench.steps"),
-    "memory": (8.5, 9.0, 3.0, 1.1, "bench memory\nbench.memory (model only)"),
+    "memory": (8.5, 9.0, 3.0, 1.1, "bench memory\nmodel: kernels.footprint"),
     "report": (14.0, 9.0, 3.4, 1.1, "bench report\nbench.report: plots, report.md"),
     "sweep": (1.75, 6.6, 2.7, 1.1, "tuner sweep\ntuner.spec (TOML),\ntuner.sweep"),
     "worker": (5.0, 6.6, 2.8, 1.1, "worker process per GPU\ntuner.worker\n(crash-isolated)"),
     "measure": (9.0, 6.6, 3.3, 1.1, "measure a step\ntuner.measure, step,\ntiming, syncs"),
     "db": (13.6, 6.6, 3.6, 1.1, "profile database (SQLite)\ntuner.db  ->  profiles/*.db"),
-    "export": (13.6, 5.0, 3.6, 1.0, "tuner export / diff / predict\ntuner.export, tuner.predict"),
+    "export": (13.6, 5.0, 3.6, 1.0, "tuner export / diff / repeat / predict\ntuner.export, repeat, predict"),
     "table": (13.6, 3.1, 3.6, 0.9, "tuned table (JSON)\nprofiles/sm90.json"),
     "dispatch": (13.6, 1.5, 3.6, 1.1, "Dispatcher / Runtime\nkernels.dispatch: tiers, picks"),
     "registry": (9.75, 1.5, 2.7, 1.1, "backend registry\nkernels.registry"),

@@ -4,6 +4,8 @@ tables do not compile one module after another (CuTe modules take 15-30 s each).
     python scripts/precompile_gpu_matrix.py [SPEC ...]          # the GPU test matrix (default: its BACKENDS)
     python scripts/precompile_gpu_matrix.py --table "cupy;cutlass" --no-tests
                                                                # what bench.attention_table loads
+    python scripts/precompile_gpu_matrix.py --sweep tuner/specs/sm90.toml --no-tests
+                                                               # what a tuner sweep of a spec loads
 """
 import argparse
 import os
@@ -66,6 +68,25 @@ def table_jobs(specs, preset, pages, sm):
     return out
 
 
+def sweep_jobs(paths, sm):
+    """Every variant the candidates of the sweep specs `paths` load: each attention module, and
+    the store's module per layout (a minimal geometry at default parameters, as the step loads it)."""
+    from drafter_attn.tuner.spec import load_spec
+
+    out = set()
+    for path in paths:
+        for c in load_spec(path).candidates():
+            backend = registry.get(c.impl)
+            kern = getattr(backend, "family", None)
+            if kern is None:  # the torch reference compiles nothing
+                continue
+            p, g = c.problem, c.problem.geometry
+            out.add(_job(backend.with_params(**c.params_dict), p, sm))
+            d = kern.variant_defines(g.dtype, g.head_dim, p.page_size, 1, 1, kern.Params(), sm)
+            out.add((kern.module, tuple(sorted(d.items())), sm))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("specs", nargs="*", help="backend specs of the test matrix (default: its BACKENDS)")
@@ -73,6 +94,8 @@ def main(argv=None):
     ap.add_argument("--table", default="", help="';'-separated specs as bench.attention_table --impl")
     ap.add_argument("--preset", default=MAIN_PRESET)
     ap.add_argument("--page", default="16,64,128")
+    ap.add_argument("--sweep", action="append", default=[], metavar="SPEC",
+                    help="also every variant of this sweep spec's candidates (repeatable)")
     ap.add_argument("--sm", type=int, help="target (default: this machine's GPU; no GPU needed if given)")
     args = ap.parse_args(argv)
     if args.sm is None:
@@ -84,6 +107,7 @@ def main(argv=None):
         todo |= matrix_jobs(args.specs or matrix.BACKENDS, sm)
     if args.table:
         todo |= table_jobs(args.table.split(";"), args.preset, [int(p) for p in args.page.split(",")], sm)
+    todo |= sweep_jobs(args.sweep, sm)
     todo = sorted(j for j in todo if j is not None)
     with ProcessPoolExecutor(os.cpu_count()) as pool:
         results = list(pool.map(_compile, todo))

@@ -9,9 +9,12 @@ The fake measure's behaviour is chosen by the candidate's context length:
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import signal
 import time
+import zlib
 
 
 def fingerprint() -> dict:
@@ -30,6 +33,17 @@ def measure(wire: dict, sleep: float = 0.0, **_options) -> dict:
     time.sleep(sleep)
     return dict(status="ok", reason=None, median_us=float(ctx), p10_us=float(ctx), p90_us=float(ctx),
                 count=30, elapsed_s=sleep)
+
+
+def measure_noisy(wire: dict, seed: int = 0, noise: float = 0.01, **_options) -> dict:
+    """ok, at a step time fixed by the candidate (100-150 us from a hash of its problem and
+    parameters) times 1 + N(0, `noise`) drawn from `seed`: sweeps of two seeds stand in for one
+    sweep run twice. p10/p90 lie `noise` below and above the median."""
+    what = json.dumps(wire, sort_keys=True)
+    true = 100.0 * (1 + (zlib.crc32(what.encode()) % 1000) / 2000)
+    median = true * (1 + random.Random(f"{seed}:{what}").gauss(0, noise))
+    return dict(status="ok", reason=None, median_us=median, p10_us=median * (1 - noise),
+                p90_us=median * (1 + noise), count=30, elapsed_s=0.0)
 
 
 def broken_fingerprint() -> dict:

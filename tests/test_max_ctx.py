@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from drafter_attn.bench import cli, decode, gpu
-from drafter_attn.bench import memory as kvmem
 from drafter_attn.bench import options
 from drafter_attn.kernels import contract, ops, reference
 from drafter_attn.kernels.auto import LONG_CTX, Deployment, merge_entries, recommend
@@ -23,6 +22,7 @@ from drafter_attn.kernels.cache import random_arena_context, random_paged_contex
 from drafter_attn.kernels.dispatch import Dispatcher, Runtime
 from drafter_attn.kernels.dispatcher import reference_pick
 from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
+from drafter_attn.tuner import memory as step_memory
 from drafter_attn.tuner.db import ProfileDB
 from profile_fakes import H200 as H200_ENV
 from profile_fakes import build_db
@@ -272,16 +272,16 @@ def test_plan_errors(kw, message):
 
 def test_measurement_bytes_at_long_contexts():
     # the main preset's five layers at 512k x 4: 40 GiB of K/V, the read floor's 40 GiB beside it
-    need = kvmem.measurement_bytes(MAIN, "paged", 64, 4, 512 * 1024, 16)
+    need = step_memory.measurement_bytes(MAIN, "paged", 64, 4, 512 * 1024, 16)
     kv = 5 * 4 * (512 * 1024 + 16) * 4096
     assert kv < need < kv * 2 + (2 << 30)
     assert need < 0.92 * 139 * 2**30
-    arena = kvmem.measurement_bytes(MAIN, "arena", None, 4, 512 * 1024, 16)
+    arena = step_memory.measurement_bytes(MAIN, "arena", None, 4, 512 * 1024, 16)
     assert abs(arena - need) < 64 << 20  # the paged pool holds only the pages needed: as dense
     # a wide table adds columns, not pages: only the reference check gathers to its width
-    fitted = kvmem.measurement_bytes(MAIN, "paged", 64, 8, 8192, 16)
-    assert fitted < kvmem.measurement_bytes(MAIN, "paged", 64, 8, 8192, 16, 131072) < 12 << 30
-    assert kvmem.measurement_bytes(MAIN, "paged", 64, 8, 512 * 1024, 16) > 139 * 2**30
+    fitted = step_memory.measurement_bytes(MAIN, "paged", 64, 8, 8192, 16)
+    assert fitted < step_memory.measurement_bytes(MAIN, "paged", 64, 8, 8192, 16, 131072) < 12 << 30
+    assert step_memory.measurement_bytes(MAIN, "paged", 64, 8, 512 * 1024, 16) > 139 * 2**30
 
 
 def test_check_memory_refuses_what_does_not_fit():

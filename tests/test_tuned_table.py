@@ -344,3 +344,28 @@ def test_cpu_tensors_with_a_gpu_table_run_the_reference(tmp_path, here, gen):
     from drafter_attn.kernels import reference
 
     torch.testing.assert_close(out, reference.paged_attention(q, kb, vb, k_pages, v_pages, table, lens))
+
+
+# ---------------------------------------------------------------------------------------------
+# The one host-sync count (issue 14): tuned entries, tuner show, bench decode and tuner.syncs
+
+
+def test_sync_count_is_the_most_any_detector_saw(tmp_path):
+    from drafter_attn.bench import decode
+    from drafter_attn.tuner import syncs
+    from drafter_attn.tuner.cli import load_results
+
+    count = tuned_table.sync_count
+    assert count({"syncs_debug": 0, "syncs_profiler": 3, "syncs_nsys": None}) == 3
+    assert count({"syncs_debug": None}) is None and count({}) is None
+    assert count({"syncs_debug": float("nan"), "syncs_profiler": 2.0}) == 2  # pandas NULLs
+    assert decode.sync_count is count  # bench decode's rows
+    report = syncs.SyncReport(debug_syncs=1, profiler=syncs.RuntimeSyncs(4, 9.0, 0))
+    assert report.syncs == count(report.as_row()) == 4
+    path = _db(tmp_path, [dict(geometry=G, page=16, batch=2, ctx=64, params=FAST, median_us=10.0,
+                               syncs_debug=1, syncs_profiler=2),
+                          dict(geometry=G, page=16, batch=4, ctx=64, params=FAST, median_us=10.0)])
+    shown = load_results(path)  # tuner show
+    assert shown["syncs"].tolist()[0] == 2 and shown["syncs"].isna().tolist() == [False, True]
+    entries, _ = tuned_table.load_table(path)  # the runtime's entries
+    assert [(e["batch"], e["syncs"]) for e in entries] == [(2, 2), (4, None)]

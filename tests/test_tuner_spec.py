@@ -37,6 +37,29 @@ def test_default_spec_ships_and_expands():
     assert all(set(c.params_dict) == set(cupy.default_params(c.problem)) for c in cands)
 
 
+def test_max_tokens_leaves_out_large_problems():
+    spec = _spec(GOOD.replace("ctx_lens = [0, 100]", "ctx_lens = [100, 400]") + "max_tokens = 400")
+    shapes = {(c.problem.batch, c.problem.ctx_len) for c in spec.candidates()}
+    assert shapes == {(1, 100), (1, 400), (4, 100)}  # 4 x 400 = 1600 tokens is left out
+
+
+def test_shipped_sm90_specs():
+    """The search behind the shipped sm90 profile, and its repeatability subset (same parameter
+    sets, so the first repeatability run counts towards the profile)."""
+    full, rep = load_spec("sm90"), load_spec("sm90-repeat")
+    assert list(full.geometries) == list(rep.geometries) == [
+        "qwen3-8b-dflash-b16", "gpt-oss-20b-dflash", "dflash2-w2048", "laguna-dflash"]
+    assert full.params == rep.params and len(full.params["cupy"]) == 6
+    assert full.page_sizes == rep.page_sizes == [16, 64, 128] and full.arena and not rep.arena
+    # 4 layouts x 14 (batch, ctx) of at most 2M tokens; 6 parameter sets, 5 for laguna (whose
+    # defaults already keep Q in shared memory)
+    assert len(full.problems()) == 4 * 4 * 14 and max(p.batch * p.ctx_len for _, p in full.problems()) == 1 << 21
+    assert len(full.candidates()) == 3 * 56 * 6 + 56 * 5 == 1288
+    assert len(rep.candidates()) == 3 * 9 * 6 + 9 * 5 == 207
+    assert {c.key() for c in rep.candidates()} <= {c.key() for c in full.candidates()}
+    assert all(c.target == "sm90" for c in full.candidates())
+
+
 def test_expansion_order_and_wire_round_trip():
     spec = _spec(GOOD)
     cands = spec.candidates()
@@ -132,6 +155,9 @@ BAD = [
     (GOOD.replace('"reference"', '"cupy"') + "\n[params.cupy]\nvariants = [1]",
      r"params\.cupy\.variants\[0\]: expected a table"),
     ("[sweep\nbackends=", "not valid TOML"),
+    (GOOD + "max_tokens = 0", r"sweep\.max_tokens: expected a positive int"),
+    (GOOD.replace("ctx_lens = [0, 100]", "ctx_lens = [50, 100]") + "max_tokens = 49",
+     r"sweep\.max_tokens: 49 leaves no \(batch, ctx_len\) of the spec \(the smallest is 1 x 50 = 50\)"),
 ]
 
 

@@ -6,6 +6,7 @@
     tuner merge DST SRC [SRC ...]         merge databases (e.g. from several machines)
     tuner export --sm 90 --out F.json     tuned table for the runtime (kernels.dispatch)
     tuner diff A.json B.json [--gate]     winner flips and slowdowns between two tables
+    tuner repeat A.db B.db [--figure F]   the same sweep run twice: winner flips and spread
     tuner predict --sm 100 [--from 90]    roofline-projected rows (provenance predicted)
     tuner auto --preset P --page 64 ...   paged or arena for a deployment, with reasons
     tuner rounding --hits 100,2000        context hidden from the drafter by page rounding
@@ -17,6 +18,7 @@ import argparse
 import json
 import sys
 
+from drafter_attn.kernels import tuned_table
 from drafter_attn.tuner.cli_checks import int_list, positive_float, positive_int
 from drafter_attn.tuner.db import ProfileDB, SchemaError, default_path
 
@@ -30,8 +32,9 @@ TABLE_COLUMNS = ["gpu_name", "sm", "preset", "mask", "layout", "page_size", "bat
                  "params", "status", "median_us", "p10_us", "p90_us", "attention_median_us",
                  "store_median_us", "roofline_fraction", "syncs", "kv_mib", "reason"]
 
-# Shown beside `syncs` when a row has Nsight Systems figures.
-SYNC_COLUMNS = ["syncs_debug", "syncs_profiler", "syncs_nsys", "sync_host_us", "sync_host_us_nsys"]
+# Shown beside `syncs` when a row has Nsight Systems figures: each detector layer's count and the
+# host time blocked.
+SYNC_COLUMNS = [*tuned_table.SYNC_COLUMNS, "sync_host_us", "sync_host_us_nsys"]
 
 # Table-view headers (CSV and JSON keep the database's column names).
 SHORT_HEADERS = {"page_size": "page", "ctx_len": "ctx", "attention_median_us": "attn_us",
@@ -115,7 +118,9 @@ def load_results(path, *, sm=None, gpu=None, preset=None, impl=None, status=None
     with ProfileDB(path, readonly=True) as db:
         df = db.frame(sql, args)
     # the most host syncs any detector layer measured (NULL where none ran)
-    df["syncs"] = df[["syncs_debug", "syncs_profiler", "syncs_nsys"]].apply(pd.to_numeric).max(axis=1)
+    detectors = df[list(tuned_table.SYNC_COLUMNS)].to_dict("records")
+    df["syncs"] = pd.to_numeric(pd.Series([tuned_table.sync_count(r) for r in detectors], index=df.index,
+                                          dtype=object))
     df["kv_mib"] = df["kv_bytes"] / 2**20
     return df
 

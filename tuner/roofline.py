@@ -12,6 +12,7 @@ import functools
 
 import torch
 
+from drafter_attn.kernels.footprint import TABLE_ENTRY_BYTES, kv_bytes, pages_for
 from drafter_attn.kernels.spec import Geometry
 
 
@@ -48,14 +49,15 @@ def attention_bytes(geometry: Geometry, ctx_lens: list[int], elem_bytes: int = 2
     """Least HBM bytes one attention call moves: context K/V read once, q, block K/V, out once,
     and the block-table entries of the pages read (paged)."""
     g = geometry
-    kv_row = 2 * g.num_kv_heads * g.head_dim * elem_bytes  # K and V of one token
+    kv_row = kv_bytes(1, g.num_kv_heads, g.head_dim, 1, elem_bytes)  # K and V of one token
     ctx = sum(visible_context(g, P) for P in ctx_lens)
     per_req = (2 * g.block_size * g.num_q_heads * g.head_dim * elem_bytes  # q, out
                + g.block_size * kv_row)  # block K/V
-    table = sum(-(-visible_context(g, P) // page_size) * 4 for P in ctx_lens) if page_size else 0
+    table = (sum(pages_for(visible_context(g, P), page_size) for P in ctx_lens) * TABLE_ENTRY_BYTES
+             if page_size else 0)
     return ctx * kv_row + len(ctx_lens) * per_req + table
 
 
 def store_bytes(geometry: Geometry, num_new: list[int], elem_bytes: int = 2) -> int:
     """Least bytes a store moves: each stored K/V row read once and written once."""
-    return 2 * sum(num_new) * 2 * geometry.num_kv_heads * geometry.head_dim * elem_bytes
+    return 2 * kv_bytes(sum(num_new), geometry.num_kv_heads, geometry.head_dim, 1, elem_bytes)

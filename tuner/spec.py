@@ -8,6 +8,8 @@
     arena = true                            # also the arena layout
     batches = [1, 8, 32]
     ctx_lens = [2048, 8192]
+    max_tokens = 2097152                    # leave out problems of batch x ctx_len above this
+                                            # (their K/V would not fit the GPU; default: none)
     dtypes = ["bfloat16"]                   # default: each geometry's own dtype
     masks = ["preset"]                      # "preset", "full", "sliding:W", "sliding_causal:W"
     accepted = 16                           # mean rows stored per request (default: block size)
@@ -31,7 +33,8 @@
     grid = {stages = [2, 3]}                # and/or a cartesian product
 
 Every error names the key it is about, e.g. "sweep.batches[2]: expected a positive int, got 0".
-The default spec ships with the package (`tuner/specs/default.toml`; `load_spec("default")`).
+Specs that ship with the package (`tuner/specs/NAME.toml`) load by name: `load_spec("default")`,
+`tuner sweep default`, `tuner sweep sm90`.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 DEFAULT_SPEC = "default"
 SWEEP_KEYS = ("name", "backends", "presets", "geometries", "page_sizes", "arena", "batches",
-              "ctx_lens", "dtypes", "masks", "accepted", "timeout_s", "reps", "nsys", "targets")
+              "ctx_lens", "max_tokens", "dtypes", "masks", "accepted", "timeout_s", "reps", "nsys",
+              "targets")
 GEOMETRY_KEYS = ("name", "num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window",
                  "num_layers", "dtype")
 PARAM_KEYS = ("variants", "grid")
@@ -124,6 +128,7 @@ class SweepSpec:
     nsys: bool = False
     source: str = "<spec>"
     targets: list = field(default_factory=lambda: [None])
+    max_tokens: int | None = None  # batch x ctx_len above this: left out
     _candidates: list | None = field(default=None, repr=False)
 
     def problems(self) -> list[tuple[str, Problem]]:
@@ -136,7 +141,8 @@ class SweepSpec:
                     if mask is not None:
                         g = g.with_(mask=mask[0], window=mask[1])
                     for (layout, page), batch, ctx in itertools.product(layouts, self.batches, self.ctx_lens):
-                        out.append((name, Problem(g, layout, page, batch, ctx)))
+                        if self.max_tokens is None or batch * ctx <= self.max_tokens:
+                            out.append((name, Problem(g, layout, page, batch, ctx)))
         return out
 
     def candidates(self) -> list[Candidate]:
@@ -319,19 +325,27 @@ def _spec_layouts(sw: dict, source: str) -> tuple[list[int], bool]:
     return page_sizes, arena
 
 
-def _spec_shapes(sw: dict, source: str) -> tuple[list[int], list[int], list[str] | None, list]:
-    """(batches, ctx_lens, dtypes, masks); dtypes None and masks [None] mean the geometry's own."""
+def _spec_shapes(sw: dict, source: str) -> tuple[list[int], list[int], int | None, list[str] | None, list]:
+    """(batches, ctx_lens, max_tokens, dtypes, masks); max_tokens None: no limit; dtypes None
+    and masks [None] mean the geometry's own."""
     for key in ("batches", "ctx_lens"):
         if key not in sw:
             _fail(source, f"sweep.{key}", "missing")
     batches = _int_list(source, "sweep.batches", sw["batches"])
     ctx_lens = _int_list(source, "sweep.ctx_lens", sw["ctx_lens"], minimum=0, what="non-negative int")
+    max_tokens = sw.get("max_tokens")
+    if max_tokens is not None:
+        if not _is_int(max_tokens) or max_tokens <= 0:
+            _fail(source, "sweep.max_tokens", f"expected a positive int (tokens, batch x ctx_len), got {max_tokens!r}")
+        if not any(b * c <= max_tokens for b in batches for c in ctx_lens):
+            _fail(source, "sweep.max_tokens", f"{max_tokens} leaves no (batch, ctx_len) of the spec "
+                  f"(the smallest is {min(batches)} x {min(ctx_lens)} = {min(batches) * min(ctx_lens)})")
     dtypes = _str_list(source, "sweep.dtypes", sw["dtypes"], REFERENCE_DTYPES) if "dtypes" in sw else None
     masks = [None]
     if "masks" in sw:
         masks = [_parse_mask(source, f"sweep.masks[{i}]", m)
                  for i, m in enumerate(_str_list(source, "sweep.masks", sw["masks"]))]
-    return batches, ctx_lens, dtypes, masks
+    return batches, ctx_lens, max_tokens, dtypes, masks
 
 
 def _spec_run_options(sw: dict, source: str) -> tuple[float | None, float, int, bool]:
@@ -366,24 +380,34 @@ def parse_spec(data: dict, source: str = "<spec>") -> SweepSpec:
     backends = _spec_backends(sw, source)
     geometries = _spec_geometries(sw, source)
     page_sizes, arena = _spec_layouts(sw, source)
-    batches, ctx_lens, dtypes, masks = _spec_shapes(sw, source)
+    batches, ctx_lens, max_tokens, dtypes, masks = _spec_shapes(sw, source)
     accepted, timeout_s, reps, nsys = _spec_run_options(sw, source)
     targets = _str_list(source, "sweep.targets", sw["targets"]) if "targets" in sw else [None]
     params = _spec_params(data, source, backends)
     spec = SweepSpec(name, backends, geometries, page_sizes, arena, batches, ctx_lens, dtypes, masks,
-                     params, accepted, timeout_s, reps, nsys, source, targets)
+                     params, accepted, timeout_s, reps, nsys, source, targets, max_tokens)
     spec.candidates()  # parameter names and accepted are checked against each problem
     return spec
 
 
+def shipped_spec(name: str):
+    """The spec file shipped as tuner/specs/NAME.toml (a bare name: no folder, no suffix), or None."""
+    if not name or "/" in name or "\\" in name or name.endswith(".toml"):
+        return None
+    found = resources.files("drafter_attn.tuner").joinpath("specs", f"{name}.toml")
+    return found if found.is_file() else None
+
+
 def default_spec_text() -> str:
-    return resources.files("tuner").joinpath("specs", "default.toml").read_text()
+    return shipped_spec(DEFAULT_SPEC).read_text()
 
 
 def load_spec(path: str | Path) -> SweepSpec:
-    """Read and validate a spec file; "default" names the spec shipped with the package."""
-    if str(path) == DEFAULT_SPEC:
-        text, source = default_spec_text(), "tuner/specs/default.toml"
+    """Read and validate a spec file; a bare name ("default", "sm90") names a spec shipped with
+    the package (tuner/specs/NAME.toml)."""
+    shipped = shipped_spec(str(path))
+    if shipped is not None:
+        text, source = shipped.read_text(), f"tuner/specs/{path}.toml"
     else:
         try:
             text, source = Path(path).read_text(), str(path)

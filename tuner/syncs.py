@@ -39,6 +39,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from drafter_attn.kernels.tuned_table import sync_count
 from drafter_attn.tuner import nsys as nsys_tool
 from drafter_attn.tuner.nsys import (  # noqa: F401  (the layers' shared vocabulary, used here and by tests)
     BLOCKING_CALLS, MARKER, RuntimeSyncs, call_name, classify_runtime, parse_nsys_sqlite)
@@ -200,8 +201,9 @@ class SyncReport:
 
     @property
     def syncs(self) -> int | None:
-        """The most blocking calls any layer saw; None when no layer measured."""
-        return max(self.counts.values()) if self.counts else None
+        """The most blocking calls any layer saw; None when no layer measured (the database's
+        rule, kernels.tuned_table.sync_count, over this report's row)."""
+        return sync_count(self.as_row())
 
     @property
     def agree(self) -> bool | None:

@@ -2,6 +2,7 @@
 
     tuner export --sm 90 --out profiles/sm90.json     tuned table (JSON) for the runtime
     tuner diff A.json B.json [--threshold 0.05] [--gate]
+    tuner repeat A.db B.db [--figure F.png] [--gate]  the same sweep twice: winner flips, spread
     tuner predict --sm 100 [--from 90] [--gpu B200]  roofline-projected rows (provenance predicted)
     tuner auto --preset P --page 64 --max-ctx 32768 --concurrency 64 --prefix-hit 0.3 --serving agg
     tuner rounding --hits 100,2000,@hits.txt [--pages 16,32,64,128]
@@ -109,6 +110,35 @@ def cmd_diff(args) -> int:
     return 0
 
 
+def cmd_repeat(args) -> int:
+    from drafter_attn.kernels.dispatch import TableError
+    from drafter_attn.tuner import repeat
+
+    try:
+        figure = writable_file(args.figure, "--figure") if args.figure else None
+        targets = {k: v for k, v in (("min_same", args.min_same), ("max_spread", args.max_spread))
+                   if v is not None}
+        report = repeat.compare_paths(args.a, args.b, sweep_a=args.sweep_a, sweep_b=args.sweep_b,
+                                      sm=args.sm, **targets)
+    except (SchemaError, TableError, OutputError, repeat.RepeatError) as exc:
+        return _fail("repeat", exc)
+    if figure:
+        repeat.figure(report, figure)  # an OSError here (a full disk) is tuner's exit 2
+    if args.format == "json":
+        print(json.dumps(report, indent=1))
+    else:
+        print(repeat.text(report))
+    if figure:
+        print(f"figure: {figure}", file=sys.stderr)
+    if args.gate and not report["targets"]["met"]:
+        t, s = report["targets"], report["summary"]
+        print(f"tuner repeat: gate failed: same winner {s['same_winner_share']:.1%} (target >= "
+              f"{t['min_same_winner']:.0%}), median spread {s['spread_median']:.2%} (target <= "
+              f"{t['max_median_spread']:.0%})", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_predict(args) -> int:
     from drafter_attn.tuner.predict import DatasheetError, load_datasheets, predict
 
@@ -202,8 +232,15 @@ def cmd_rounding(args) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+def _gated(p, gate_help: str, func) -> None:
+    """The options a comparing command ends with (--gate, --format) and its function."""
+    p.add_argument("--gate", action="store_true", help=gate_help)
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.set_defaults(func=func)
+
+
 def add_commands(sub, add_db) -> None:
-    """Register export, diff, predict, auto and rounding on tuner's subparsers."""
+    """Register export, diff, repeat, predict, auto and rounding on tuner's subparsers."""
     p = sub.add_parser("export", help="write a tuned table (JSON) for the runtime",
                        description="Winners per (SM, problem) from the profile database, with the "
                        "bucket rules of the runtime and provenance per entry (sweep, commit of the "
@@ -224,9 +261,26 @@ def add_commands(sub, add_db) -> None:
     p.add_argument("b", help="the new table")
     p.add_argument("--threshold", type=non_negative_float, default=0.05,
                    help="slowdown/speedup threshold as a fraction (default 0.05 = 5%%)")
-    p.add_argument("--gate", action="store_true", help="exit 1 on any winner flip or slowdown")
-    p.add_argument("--format", choices=["text", "json"], default="text")
-    p.set_defaults(func=cmd_diff)
+    _gated(p, "exit 1 on any winner flip or slowdown", cmd_diff)
+
+    p = sub.add_parser("repeat", help="the same sweep run twice: winner flips and spread",
+                       description="Compare two runs of one sweep spec: two profile databases, or two "
+                       "sweeps of one database (--sweep-a/--sweep-b). Per key (SM, shape, batch, "
+                       "context): whether the winner flipped, and whether the flip is within noise "
+                       "(the two winners' p10-p90 ranges overlap in both runs); per candidate the "
+                       "relative difference B / A - 1 of its median. Summary: the share of keys with "
+                       "the same winner and the median spread, against the targets.")
+    p.add_argument("a", help="profile database of the first run")
+    p.add_argument("b", help="profile database of the second run (may be the first with --sweep-b)")
+    p.add_argument("--sweep-a", help="only rows of this sweep id in A")
+    p.add_argument("--sweep-b", help="only rows of this sweep id in B")
+    p.add_argument("--sm", type=int, help="only this SM")
+    p.add_argument("--figure", help="write the figure here (PNG, or SVG/PDF by suffix)")
+    p.add_argument("--min-same", type=non_negative_float,
+                   help="target share of keys with the same winner (default 0.95, issue 14's)")
+    p.add_argument("--max-spread", type=non_negative_float,
+                   help="target median spread |B/A - 1| (default 0.02 = 2%%, issue 14's)")
+    _gated(p, "exit 1 when a target is missed", cmd_repeat)
 
     p = sub.add_parser("predict", help="roofline-projected rows for an SM you do not own",
                        description="Project the measured rows of the nearest measured SM onto a "
