@@ -17,7 +17,7 @@ import torch
 from drafter_attn.kernels import reference, registry
 from drafter_attn.kernels.cache import random_arena_context, random_paged_context
 from drafter_attn.kernels.presets import PRESETS
-from drafter_attn.kernels.spec import Geometry
+from drafter_attn.kernels.spec import Geometry, Problem
 
 pytestmark = pytest.mark.gpu
 
@@ -97,6 +97,15 @@ def test_attention_matches_reference(backend, layout, geom, page, lens, seed):
     gen = torch.Generator().manual_seed(seed)
     q, kb, vb = _block_inputs(geom, len(lens), gen)
     kw = dict(mask=geom.mask, window=geom.window)
+    problem = Problem(geom, layout, page if layout == "paged" else None, len(lens), max(lens))
+    refused = impl.supports(problem)
+    if refused:  # a variant that refuses a shape says so before any kernel runs
+        cache = (random_paged_context(geom, lens, page, "cuda", gen) if layout == "paged"
+                 else random_arena_context(geom, lens, max(lens) + 5, "cuda", gen))
+        fn = impl.paged_attention if layout == "paged" else impl.arena_attention
+        with pytest.raises(ValueError, match="cannot run this problem"):
+            fn(q, kb, vb, *cache, **kw)
+        return
     if layout == "paged":
         cache = random_paged_context(geom, lens, page, "cuda", gen)
         ref = reference.paged_attention(q, kb, vb, *cache, **kw)

@@ -215,3 +215,17 @@ def test_backend_protocol_and_supports():
     assert kb.smem_bytes(64, 3, 128, 9, True) == (3 * 2 * 64 + 144) * 136 * 2
     assert kb.smem_bytes(32, 3, 128, 8, False) == (3 * 2 * 32 + 128) * 136 * 2  # Q too big
     assert kb.smem_bytes(64, 3, 128, 4, False, wgmma=True) == 3 * 2 * 64 * 128 * 2  # swizzled
+
+
+def test_wgmma_refuses_the_shapes_it_got_wrong():
+    """Issue 19: the CuTe wgmma path gave wrong results at head_dim 64 on the H200 (and its
+    suspected cause also hits tile_n == head_dim with Q in registers): those shapes are refused
+    with a reason (the GPU matrix checks the call raises it); the mma.sync default takes them."""
+    d64 = Problem(Geometry(8, 1, 64, 16), "paged", 16, 2, 237)
+    d128 = Problem(PRESETS[MAIN_PRESET], "paged", 64, 8, 4096)
+    wgmma = registry.from_spec("cutlass:wgmma=1")
+    assert "issue 19" in wgmma.supports(d64)
+    assert wgmma.supports(d128) is None
+    assert "tile_n 128" in wgmma.with_params(tile_n=128).supports(d128)
+    assert wgmma.with_params(tile_n=128, q_smem=True).supports(d128) is None
+    assert registry.get("cutlass").supports(d64) is None
