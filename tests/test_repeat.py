@@ -24,13 +24,13 @@ def _r(batch, params, median, lo=None, hi=None, **kw):
 
 RUN_A = [
     _r(2, T64, 10.0), _r(2, T32, 11.0), _r(2, T128, 12.0),          # same winner
-    _r(4, T64, 20.0, 19.8, 20.2), _r(4, T32, 20.1, 19.9, 20.3), _r(4, T128, 30.0),  # a near tie
+    _r(4, T32, 20.0, 19.8, 20.2), _r(4, T128, 20.1, 19.9, 20.3), _r(4, T64, 30.0),  # a near tie
     _r(8, T64, 40.0), _r(8, T32, 44.0), _r(8, T128, 50.0),          # a real flip
     _r(16, T64, 80.0),                                               # only in A
 ]
 RUN_B = [
     _r(2, T64, 10.1), _r(2, T32, 11.1), _r(2, T128, 11.88),
-    _r(4, T64, 20.2, 20.0, 20.4), _r(4, T32, 20.0, 19.8, 20.2), _r(4, T128, 30.0),
+    _r(4, T32, 20.2, 20.0, 20.4), _r(4, T128, 20.0, 19.8, 20.2), _r(4, T64, 30.0),
     _r(8, T64, 46.0), _r(8, T32, 44.0), _r(8, T128, 50.0, status="failed_runtime"),
 ]
 
@@ -51,10 +51,11 @@ def test_flips_noise_and_spread_by_hand(runs):
     assert (s["candidates"], s["candidates_only_a"], s["candidates_only_b"]) == (8, 1, 0)
     assert not keys["2 ctx=64"]["flip"] and keys["2 ctx=64"]["within_noise"] is None
     near, real = keys["4 ctx=64"], keys["8 ctx=64"]
-    # B=4: A picks tile_n=64 (20.0 vs 20.1), B tile_n=32 (20.0 vs 20.2); in each run the two
-    # p10-p90 ranges overlap ([19.8, 20.2] and [19.9, 20.3]; [20.0, 20.4] and [19.8, 20.2])
+    # B=4 (two non-default sets; the default tile_n=64 is far behind): A picks tile_n=32 (20.0
+    # vs 20.1), B tile_n=128 (20.0 vs 20.2); in each run the two p10-p90 ranges overlap
+    # ([19.8, 20.2] and [19.9, 20.3]; [20.0, 20.4] and [19.8, 20.2])
     assert near["flip"] and near["within_noise"]
-    assert (near["flip_a"], near["flip_b"]) == ("cupy[tile_n=64]", "cupy[tile_n=32]")
+    assert (near["flip_a"], near["flip_b"]) == ("cupy[tile_n=32]", "cupy[tile_n=128]")
     assert near["flip_cost"] == pytest.approx(20.2 / 20.0 - 1)
     assert near["margin_a"] == pytest.approx(20.1 / 20.0 - 1)
     # B=8: 40 -> 46 us for A's winner, 44 for the other in both runs: separated in B
@@ -70,6 +71,17 @@ def test_flips_noise_and_spread_by_hand(runs):
     assert s["flip_cost_max"] == pytest.approx(46 / 44 - 1)
     t = rep["targets"]
     assert not t["same_winner_met"] and t["spread_met"] and not t["met"]
+
+
+def test_a_lead_within_the_tie_margin_is_no_flip(tmp_path):
+    """B measures tile_n=32 0.5% ahead of the default (tile_n=64), A the reverse: by the tuned
+    table's rule (the default kept unless beaten by more than TIE_MARGIN) both runs pick the
+    default, where "the fastest wins" would flip."""
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    build_db(a, {"h": (H200, [_r(2, T64, 10.0), _r(2, T32, 10.05)])})
+    build_db(b, {"h": (H200, [_r(2, T64, 10.05), _r(2, T32, 10.0)])})
+    (key,) = repeat.compare_paths(a, b)["keys"]
+    assert not key["flip"] and key["winner_a"] == key["winner_b"] == "cupy[tile_n=64]"
 
 
 def test_two_sweeps_of_one_database(tmp_path):

@@ -174,6 +174,29 @@ def test_entries_rank_by_per_layer_time():
     assert ranked[0]["params"] == {"tile_n": 32} and ranked[0]["per_layer_us"] == 10.0
 
 
+def test_a_tuned_set_must_beat_the_default_by_more_than_the_tie_margin():
+    """Within TIE_MARGIN of the default (per layer) the default wins: two runs of one sweep then
+    pick the same set where candidates differ by noise; a larger lead still wins."""
+    from profile_fakes import MAIN
+
+    problem = Problem(MAIN, "paged", 64, 8, 2048)
+    default = registry.get("cupy").default_params(problem)
+    tuned = dict(default, tile_n=32, stages=4)
+    layers = MAIN.num_layers
+
+    def winner(tuned_us_per_layer):
+        rows = _rows_of([dict(params=default, median_us=10.0 * layers),
+                         dict(params=tuned, median_us=tuned_us_per_layer * layers)])
+        ranked = tuned_table.group_rows([dict(r, sm=90, row_order=i) for i, r in enumerate(rows)])
+        (only,) = ranked.values()
+        return only[0]["params"]
+
+    assert tuned_table.is_default(dict(_rows_of([dict(params=default)])[0], params=default))
+    assert winner(10.0 * (1 - tuned_table.TIE_MARGIN / 2)) == default  # 0.5% faster: noise
+    assert winner(10.0 * (1 - 2 * tuned_table.TIE_MARGIN)) == tuned  # 2% faster: a real lead
+    assert winner(10.5) == default  # slower anyway
+
+
 def _rows_of(specs) -> list[dict]:
     from profile_fakes import row
 

@@ -10,7 +10,8 @@ the newest row of each candidate; kernels.tuned_table.group_rows), so a key is a
 entry: SM, shape, batch and context. Per key:
 
 - the candidates (implementation and parameters) measured in both runs; the winner of each run
-  is the fastest of those, by step latency per layer (the tuned table's ranking);
+  is the best of those by the tuned table's ranking (`kernels.tuned_table.rank_rows`: step
+  latency per layer, the default parameters kept unless another set is more than 1% faster);
 - each candidate's relative difference between the runs, d = B / A - 1 of its median; the
   spread is |d|;
 - a winner flip is *within noise* when, in each run, the two winners' p10..p90 ranges of
@@ -117,9 +118,10 @@ def compare_key(ranked_a: list[dict], ranked_b: list[dict]) -> dict | None:
     if not common:
         return None
     diffs = [by_b[c]["median_us"] / by_a[c]["median_us"] - 1.0 for c in common]
+    common = [tuned_table.candidate_of(r) for r in tuned_table.rank_rows([by_a[c] for c in common])]
     wa = by_a[common[0]]
-    cb = min(common, key=lambda c: tuned_table.rank_key(c[2], by_b[c]["per_layer_us"]))
-    wb = by_b[cb]
+    wb = tuned_table.rank_rows([by_b[c] for c in common])[0]
+    cb = tuned_table.candidate_of(wb)
     flip = cb != common[0]
     wa_in_b, wb_in_a = by_b[common[0]], by_a[cb]
     runner_up = by_a[common[1]] if len(common) > 1 else None
