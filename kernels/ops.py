@@ -7,13 +7,14 @@ store before the attention that reads the cache it wrote.
 
 Each op runs on a registry backend: `backend=""` picks the device's default (the torch reference
 on the CPU, cupy on CUDA); any `registry.from_spec` string ("cutlass", "cupy:tile_n=32") names
-another. `*_out` ops write into a caller's buffer (as vLLM passes a preallocated output).
+another, and `register_runtime` names a `Runtime` (how a Runtime runs under torch.compile). `*_out` ops write into a caller's buffer (as vLLM passes a preallocated output).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from typing import Optional
 
 import torch
@@ -25,8 +26,26 @@ DEFAULT_BACKENDS = {"cpu": "reference", "cuda": "cupy"}
 _resolved: dict[tuple[str, str], object] = {}
 
 
+RUNTIME_PREFIX = "runtime:"
+_runtimes: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def register_runtime(runtime) -> str:
+    """The `backend` string under which the ops run `runtime` (a `kernels.runtime.Runtime`,
+    held weakly): what its four functions pass to the ops while torch.compile traces them."""
+    spec = f"{RUNTIME_PREFIX}{id(runtime):x}"
+    _runtimes[spec] = runtime
+    return spec
+
+
 def backend_for(spec: str, device: torch.device):
-    """The registry backend for `spec` (empty: the default of `device`'s type), cached."""
+    """The registry backend for `spec` (empty: the default of `device`'s type), cached; or the
+    Runtime a `register_runtime` string names."""
+    if spec.startswith(RUNTIME_PREFIX):
+        runtime = _runtimes.get(spec)
+        if runtime is None:
+            raise ValueError(f"backend {spec!r}: that Runtime no longer exists")
+        return runtime
     key = (spec, device.type)
     backend = _resolved.get(key)
     if backend is None:
@@ -38,8 +57,14 @@ def backend_for(spec: str, device: torch.device):
     return backend
 
 
-@functools.lru_cache(maxsize=None)
 def _takes_out(fn) -> bool:
+    # keyed by the function, not the bound method: a cached bound method would keep its
+    # object (a Runtime) alive for good
+    return _function_takes_out(getattr(fn, "__func__", fn))
+
+
+@functools.lru_cache(maxsize=None)
+def _function_takes_out(fn) -> bool:
     return "out" in inspect.signature(fn).parameters
 
 

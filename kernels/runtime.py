@@ -15,6 +15,9 @@ import threading
 import warnings
 from dataclasses import dataclass
 
+import torch
+
+from drafter_attn.kernels import ops
 from drafter_attn.kernels.contract import hint_kwargs, plan_ctx
 from drafter_attn.kernels.dispatcher import CURRENT, Dispatcher, Pick, fmt_params, reference_pick
 from drafter_attn.kernels.shipped import find_default
@@ -91,6 +94,9 @@ class Runtime:
         self._sm_of: dict[tuple, int | None] = {}
         self._warned: set[str] = set()
         self._lock = threading.Lock()
+        # Under torch.compile the four functions go through the custom ops (opaque to the
+        # compiler), which run this Runtime eagerly inside; `op_backend` names it there.
+        self.op_backend = ops.register_runtime(self)
 
     def _load(self, table, include_predicted: bool) -> Dispatcher:
         try:
@@ -145,6 +151,9 @@ class Runtime:
             torch.Size([2, 16, 32, 128])
         """
         args = (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens)
+        if torch.compiler.is_compiling():
+            return ops.paged_attention(*args, mask=mask, window=window, scale=scale,
+                                       backend=self.op_backend, max_ctx=max_ctx)
         b = self._attention_binding("paged", args, mask, window, scale, max_ctx)
         return b.backend.paged_attention(*args, mask=mask, window=window, scale=scale,
                                          **hint_kwargs(max_ctx))
@@ -164,6 +173,9 @@ class Runtime:
             torch.bfloat16
         """
         args = (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens)
+        if torch.compiler.is_compiling():
+            return ops.arena_attention(*args, mask=mask, window=window, scale=scale,
+                                       backend=self.op_backend, max_ctx=max_ctx)
         b = self._attention_binding("arena", args, mask, window, scale, max_ctx)
         return b.backend.arena_attention(*args, mask=mask, window=window, scale=scale,
                                          **hint_kwargs(max_ctx))
@@ -185,6 +197,9 @@ class Runtime:
             >>> (lens - ctx_lens).tolist()
             [3, 16]
         """
+        if torch.compiler.is_compiling():
+            return ops.store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens,
+                                   backend=self.op_backend)
         b = self._store_binding("paged", k_new, k_pages, block_table,
                                 (k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens))
         b.backend.store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens)
@@ -199,6 +214,9 @@ class Runtime:
             >>> torch.equal(k_arena[slots[1], 300:316], k_new[1])
             True
         """
+        if torch.compiler.is_compiling():
+            return ops.store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens,
+                                   backend=self.op_backend)
         b = self._store_binding("arena", k_new, k_arena, slots,
                                 (k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens))
         b.backend.store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens)

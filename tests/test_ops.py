@@ -113,11 +113,13 @@ def test_unknown_default_device_type_is_named():
 
 
 class DrafterLayer(torch.nn.Module):
-    """Projections, the block's attention over the cache, then the block's store into it."""
+    """Projections, the block's attention over the cache, then the block's store into it:
+    through the ops (`backend`), or through a `Runtime` when one is given."""
 
-    def __init__(self, hidden=96, backend=""):
+    def __init__(self, hidden=96, backend="", runtime=None):
         super().__init__()
         self.backend = backend
+        self.runtime = runtime
         self.q = torch.nn.Linear(hidden, HQ * D, bias=False)
         self.kv = torch.nn.Linear(hidden, 2 * HKV * D, bias=False)
         self.o = torch.nn.Linear(HQ * D, hidden, bias=False)
@@ -127,9 +129,14 @@ class DrafterLayer(torch.nn.Module):
         q = self.q(x).view(B, Qb, HQ, D)
         k, v = self.kv(x).view(B, Qb, 2, HKV, D).unbind(2)
         k, v = k.contiguous(), v.contiguous()
-        attn = ops.paged_attention(q, k, v, k_pages, v_pages, table, ctx_lens,
-                                   mask="sliding_causal", window=24, backend=self.backend)
-        ops.store_paged(k, v, num_new, k_pages, v_pages, table, ctx_lens, backend=self.backend)
+        if self.runtime is not None:
+            attn = self.runtime.paged_attention(q, k, v, k_pages, v_pages, table, ctx_lens,
+                                                mask="sliding_causal", window=24)
+            self.runtime.store_paged(k, v, num_new, k_pages, v_pages, table, ctx_lens)
+        else:
+            attn = ops.paged_attention(q, k, v, k_pages, v_pages, table, ctx_lens,
+                                       mask="sliding_causal", window=24, backend=self.backend)
+            ops.store_paged(k, v, num_new, k_pages, v_pages, table, ctx_lens, backend=self.backend)
         return self.o(attn.view(B, Qb, HQ * D))
 
 
@@ -147,9 +154,9 @@ def run_layer_steps(layer, fn, device, steps=3):
     return outs, (k_pages, v_pages, lens)
 
 
-def check_compiled_layer(device, mode=None, backend=""):
+def check_compiled_layer(device, mode=None, backend="", runtime=None):
     torch.manual_seed(0)
-    layer = DrafterLayer(backend=backend).to(device=device, dtype=DT)
+    layer = DrafterLayer(backend=backend, runtime=runtime).to(device=device, dtype=DT)
     compiled = torch.compile(layer, fullgraph=True, mode=mode)
     with torch.no_grad():
         want, want_state = run_layer_steps(layer, layer, device)
@@ -162,6 +169,21 @@ def check_compiled_layer(device, mode=None, backend=""):
 def test_drafter_layer_compiles_fullgraph_and_matches_eager():
     torch._dynamo.reset()
     check_compiled_layer("cpu")
+
+
+def test_runtime_compiles_fullgraph_through_the_ops():
+    """A layer calling a Runtime compiles with fullgraph=True: while traced, its functions call
+    the custom ops, which run the Runtime (its picks: the reference on the CPU) inside."""
+    from drafter_attn.kernels.dispatch import Dispatcher, Runtime
+
+    torch._dynamo.reset()
+    rt = Runtime(Dispatcher())
+    check_compiled_layer("cpu", runtime=rt)
+    assert rt.picks and {p.impl for p in rt.picks.values()} == {"reference"}
+    assert ops.backend_for(rt.op_backend, torch.device("cpu")) is rt
+    gone = Runtime(Dispatcher()).op_backend  # dropped at once: its name no longer resolves
+    with pytest.raises(ValueError, match="no longer exists"):
+        ops.backend_for(gone, torch.device("cpu"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,6 +228,18 @@ def test_drafter_layer_compiles_on_gpu(mode):
     pytest.importorskip("cupy")
     torch._dynamo.reset()
     check_compiled_layer("cuda", mode=mode)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_runtime_compiles_on_gpu(mode):
+    pytest.importorskip("cupy")
+    from drafter_attn.kernels.dispatch import Runtime
+
+    torch._dynamo.reset()
+    rt = Runtime()
+    check_compiled_layer("cuda", mode=mode, runtime=rt)
+    assert rt.picks and all(p.impl != "reference" for p in rt.picks.values())
 
 
 # ---------------------------------------------------------------------------------------------
