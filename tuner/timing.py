@@ -78,16 +78,7 @@ def time_graph(graph: torch.cuda.CUDAGraph, reps: int = 100, warmup: int = 10,
     """Replay a captured graph `reps` times; each replay timed alone with CUDA events."""
     for _ in range(warmup):
         graph.replay()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for start, end in zip(starts, ends):
-        if cold_l2:
-            flush_l2()
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    return summarize([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
+    return _each_timed(graph.replay, reps, cold_l2)
 
 
 def time_eager(fn, reps: int = 100, warmup: int = 3, cold_l2: bool = True) -> Timing:
@@ -98,13 +89,19 @@ def time_eager(fn, reps: int = 100, warmup: int = 3, cold_l2: bool = True) -> Ti
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    return _each_timed(fn, reps, cold_l2)
+
+
+def _each_timed(call, reps: int, cold_l2: bool) -> Timing:
+    """`call()` `reps` times, each alone between two CUDA events (the L2 evicted before each when
+    `cold_l2`); one synchronisation at the end."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for start, end in zip(starts, ends):
         if cold_l2:
             flush_l2()
         start.record()
-        fn()
+        call()
         end.record()
     torch.cuda.synchronize()
     return summarize([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
