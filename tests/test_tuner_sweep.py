@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from drafter_attn.tuner.db import ProfileDB
+from drafter_attn.tuner.db import ProfileDB, SchemaError
 from drafter_attn.tuner.spec import parse_spec, tomllib
 from drafter_attn.tuner.sweep import SweepError, run_sweep, serves
 
@@ -57,8 +57,11 @@ def wait_rows(path, n: int, proc: subprocess.Popen, timeout_s: float = 90) -> No
     """Wait until the database at `path` holds `n` result rows, while `proc` (its sweep) runs."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        if path.exists() and len(_rows(path)) >= n:
-            return
+        try:
+            if path.exists() and len(_rows(path)) >= n:
+                return
+        except SchemaError:  # the sweep is creating the file this instant (empty, no schema yet)
+            pass
         assert proc.poll() is None, "the sweep ended before it was stopped"
         time.sleep(0.05)
     raise AssertionError(f"fewer than {n} rows after {timeout_s} s")
