@@ -265,6 +265,66 @@ def test_predict_report_show_and_decode_for_sm_107(capsys, monkeypatch, tmp_path
     assert "tuner predict --sm 107" in err and "predicted rows recorded" not in err
 
 
+def test_fresh_install_predicts_sm_107_from_the_shipped_measurements(capsys, monkeypatch, tmp_path):
+    """No --db anywhere, as on a fresh clone: `tuner predict --sm 107` reads the H200 rows
+    shipped in profiles/sm90.db (never writing it) and stores its predictions in the database
+    in use, where `tuner show`, `bench report` and `bench decode`'s exit-2 message find them."""
+    import hashlib
+
+    from profile_fakes import H200, build_db
+
+    from drafter_attn.bench import cli as bench_cli
+    from drafter_attn.bench import gpu
+    from drafter_attn.kernels import shipped
+
+    package = tmp_path / "profiles"
+    package.mkdir()
+    rows = [dict(layout="paged", page=128, batch=8, ctx=ctx, median_us=100.0 + ctx / 100,
+                 bytes_moved=8 * ctx * 20480) for ctx in (2048, 8192)]
+    build_db(package / "sm90.db", {"h": (H200, rows)})
+    before = hashlib.sha256((package / "sm90.db").read_bytes()).hexdigest()
+    monkeypatch.setattr(shipped, "shipped_dir", lambda: package)
+    in_use = tmp_path / "data" / "profile.db"  # does not exist yet
+    monkeypatch.setenv("DRAFTER_DB", str(in_use))
+
+    assert cli.main(["predict", "--sm", "107"]) == 0
+    err = capsys.readouterr().err
+    assert "2 predicted rows written from sm90" in err
+    assert f"measured rows read from {package / 'sm90.db'}; predicted rows stored in {in_use}" in err
+    assert hashlib.sha256((package / "sm90.db").read_bytes()).hexdigest() == before
+    assert cli.main(["predict", "--sm", "107"]) == 0  # again: nothing new
+    assert "0 predicted rows written from sm90; 2 predicted before" in capsys.readouterr().err
+
+    rc, out, _ = _run(capsys, "show", "--sm", "107")
+    assert rc == 0 and "2 results in" in out and "(predicted from NVIDIA H200)" in out
+    out_dir = tmp_path / "report"
+    assert bench_cli.main(["report", "--sm", "107", "--out", str(out_dir)]) == 0
+    assert "0 measured and 2 predicted rows" in (out_dir / "report.md").read_text()
+    capsys.readouterr()
+    monkeypatch.setattr(gpu, "probe", lambda: [gpu.GpuInfo(0, "NVIDIA H200", 90, 132, 141 << 30)])
+    assert bench_cli.main(["decode", "--sm", "107", "--page", "128"]) == 2
+    assert "predicted rows recorded for SM 107" in capsys.readouterr().err
+
+
+def test_predict_reads_the_database_in_use_once_it_holds_measurements(monkeypatch, tmp_path):
+    from profile_fakes import H200, build_db
+
+    from drafter_attn.kernels import shipped
+    from drafter_attn.tuner.predict import default_source
+
+    package = tmp_path / "profiles"
+    package.mkdir()
+    row = dict(batch=8, ctx=2048, bytes_moved=1 << 20)
+    build_db(package / "sm90.db", {"h": (H200, [row])})
+    monkeypatch.setattr(shipped, "shipped_dir", lambda: package)
+    in_use = tmp_path / "profile.db"
+    assert default_source(in_use, 107) == package / "sm90.db"  # missing: the shipped rows
+    assert default_source(in_use, 90) is None  # nothing shipped but the target itself
+    build_db(in_use, {"h": (H200, [row])})
+    assert default_source(in_use, 107) is None  # measured here: read here
+    assert default_source(in_use, 107, from_sm=100) is None  # nothing shipped for sm100 either
+
+
 # -- on the GPU -------------------------------------------------------------------------------
 
 

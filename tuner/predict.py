@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from drafter_attn.tuner.db import ProfileDB, db_errors
+from drafter_attn.tuner.db import ProfileDB, SchemaError, db_errors
 from drafter_attn.tuner.env import env_id
 
 if sys.version_info >= (3, 11):
@@ -157,65 +157,114 @@ def measured_sms(db: ProfileDB) -> list[int]:
         "WHERE r.status = 'ok' AND r.provenance = 'measured' ORDER BY e.sm")]
 
 
+def _measured_sms_in(path) -> list[int]:
+    """SMs with measured ok rows in the database at `path` (read-only); [] when it is missing
+    or unreadable."""
+    try:
+        with ProfileDB(path, readonly=True) as db:
+            return measured_sms(db)
+    except SchemaError:
+        return []
+
+
+def default_source(db_path, target_sm: int, from_sm: int | None = None) -> Path | None:
+    """Where `tuner predict` without --db reads measured rows: None (the database in use,
+    `db_path`) when it holds measured rows to project from, else the profile database shipped
+    for the measured SM (profiles/sm<SM>.db: `from_sm`, or the nearest shipped one), so that
+    a fresh install predicts from the H200's measurements. None when nothing is shipped."""
+    from drafter_attn.kernels.shipped import shipped_dir
+
+    usable = [s for s in _measured_sms_in(db_path) if s != target_sm]
+    if (from_sm in usable) if from_sm is not None else usable:
+        return None
+    folder = shipped_dir()
+    shipped = {}
+    for path in sorted(folder.glob("sm*.db")) if folder is not None else ():
+        if path.stem[2:].isdigit() and int(path.stem[2:]) != target_sm:
+            shipped[int(path.stem[2:])] = path
+    sm = from_sm if from_sm is not None else nearest_sm(sorted(shipped), target_sm)
+    return shipped.get(sm)
+
+
 def predict(db_path, target_sm: int, from_sm: int | None = None, *, gpu: str | None = None,
-            datasheets=None) -> dict:
-    """Write predicted rows for `target_sm` from the measured rows of `from_sm` (default: the
-    nearest measured SM). Rows predicted before (same target, same candidate) are skipped.
-    Returns a summary: target, source, written, skipped and why."""
+            datasheets=None, source=None) -> dict:
+    """Write predicted rows for `target_sm` into the database at `db_path` from the measured
+    rows of `from_sm` (default: the nearest measured SM) in `source` (a database opened
+    read-only; default: `db_path` itself, which must then exist). Rows predicted before (same
+    target, same candidate) are skipped. Returns a summary: target, source, written, skipped
+    and why."""
     gpus = load_datasheets(datasheets)
     target = target_gpu(gpus, target_sm, gpu)
     summary = {"target": target.name, "target_sm": target.sm, "target_tbs": target.bandwidth_tbs,
                "target_source": target.source, "written": 0, "skipped_done": 0,
-               "skipped_no_bytes": 0, "skipped_bad": [], "no_datasheet": [], "sources": []}
-    with ProfileDB(db_path, create=False) as db:
-        sms = measured_sms(db)
+               "skipped_no_bytes": 0, "skipped_bad": [], "no_datasheet": [], "sources": [],
+               "source_db": str(source or db_path)}
+    if source is None:
+        with ProfileDB(db_path, create=False) as db:
+            rows = _source_rows(db, target, from_sm, summary)
+            return _write_predictions(db, rows, gpus, target, summary)
+    with ProfileDB(source, readonly=True) as src:
+        rows = _source_rows(src, target, from_sm, summary)
+    with ProfileDB(db_path) as db:  # created when missing, as `tuner sweep` and `compile` do
+        return _write_predictions(db, rows, gpus, target, summary)
+
+
+def _source_rows(source: ProfileDB, target: GPU, from_sm: int | None, summary: dict) -> list:
+    """The measured ok rows of `from_sm` (default: the nearest measured SM) in `source`."""
+    sms = measured_sms(source)
+    if from_sm is None:
+        from_sm = nearest_sm([s for s in sms if s != target.sm], target.sm)
         if from_sm is None:
-            from_sm = nearest_sm([s for s in sms if s != target_sm], target_sm)
-            if from_sm is None:
-                raise DatasheetError(f"{db.path} holds no measured rows to project from")
-        summary["from_sm"] = from_sm
-        rows = db.query(_SOURCE_SQL, (from_sm,))
-        if not rows:
-            raise DatasheetError(f"{db.path} holds no measured ok rows of sm{from_sm} (measured: "
-                                 f"{', '.join(f'sm{s}' for s in sms) or 'none'})")
-        sweep_id = "predict-" + uuid.uuid4().hex[:12]
-        envs: dict[str, tuple[str, dict, GPU, set]] = {}
-        pending: list[tuple[dict, dict]] = []
-        for row in rows:
-            src = gpu_for_device(gpus, row["gpu_name"])
-            if src is None:
-                if row["gpu_name"] not in summary["no_datasheet"]:
-                    summary["no_datasheet"].append(row["gpu_name"])
-                continue
-            if row["env_id"] not in envs:
-                fp = dict(gpu_name=f"{target.name} (predicted from {row['gpu_name']})", sm=target.sm,
-                          sm_count=None, driver=None, cuda=row["cuda"], torch=row["torch"],
-                          cupy=row["cupy"], cutlass=row["cutlass"], nvrtc=row["nvrtc"],
-                          sources_hash=row["sources_hash"])
-                eid = env_id(fp)
-                envs[row["env_id"]] = (eid, fp, src, db.done_candidates(eid))
-                summary["sources"].append({"gpu": row["gpu_name"], "datasheet": src.name,
-                                           "tbs": src.bandwidth_tbs, "source": src.source})
-            eid, fp, src, done = envs[row["env_id"]]
-            if row["candidate_key"] in done:
-                summary["skipped_done"] += 1
-                continue
-            if not row.get("bytes_moved"):
-                summary["skipped_no_bytes"] += 1
-                continue
-            if _bad_numbers(row):
-                summary["skipped_bad"].append(row["id"])
-                continue
-            out = _projected(row, src, target, from_sm)
-            out.update(env_id=eid, sweep_id=sweep_id)
-            pending.append((fp, out))
-            done.add(row["candidate_key"])
-        # All or nothing: a failure part way leaves no half-written prediction behind.
-        with db_errors(db.path, "storing predicted rows"), db.transaction():
-            for fp, out in pending:
-                db.add_environment(fp)
-                db.add_result(out)
-        summary["written"] = len(pending)
+            raise DatasheetError(f"{source.path} holds no measured rows to project from")
+    summary["from_sm"] = from_sm
+    rows = source.query(_SOURCE_SQL, (from_sm,))
+    if not rows:
+        raise DatasheetError(f"{source.path} holds no measured ok rows of sm{from_sm} (measured: "
+                             f"{', '.join(f'sm{s}' for s in sms) or 'none'})")
+    return rows
+
+
+def _write_predictions(db: ProfileDB, rows: list, gpus: list, target: GPU, summary: dict) -> dict:
+    """Project `rows` onto `target` and store them in `db` (all or nothing)."""
+    from_sm = summary["from_sm"]
+    sweep_id = "predict-" + uuid.uuid4().hex[:12]
+    envs: dict[str, tuple[str, dict, GPU, set]] = {}
+    pending: list[tuple[dict, dict]] = []
+    for row in rows:
+        src = gpu_for_device(gpus, row["gpu_name"])
+        if src is None:
+            if row["gpu_name"] not in summary["no_datasheet"]:
+                summary["no_datasheet"].append(row["gpu_name"])
+            continue
+        if row["env_id"] not in envs:
+            fp = dict(gpu_name=f"{target.name} (predicted from {row['gpu_name']})", sm=target.sm,
+                      sm_count=None, driver=None, cuda=row["cuda"], torch=row["torch"],
+                      cupy=row["cupy"], cutlass=row["cutlass"], nvrtc=row["nvrtc"],
+                      sources_hash=row["sources_hash"])
+            eid = env_id(fp)
+            envs[row["env_id"]] = (eid, fp, src, db.done_candidates(eid))
+            summary["sources"].append({"gpu": row["gpu_name"], "datasheet": src.name,
+                                       "tbs": src.bandwidth_tbs, "source": src.source})
+        eid, fp, src, done = envs[row["env_id"]]
+        if row["candidate_key"] in done:
+            summary["skipped_done"] += 1
+            continue
+        if not row.get("bytes_moved"):
+            summary["skipped_no_bytes"] += 1
+            continue
+        if _bad_numbers(row):
+            summary["skipped_bad"].append(row["id"])
+            continue
+        out = _projected(row, src, target, from_sm)
+        out.update(env_id=eid, sweep_id=sweep_id)
+        pending.append((fp, out))
+        done.add(row["candidate_key"])
+    # All or nothing: a failure part way leaves no half-written prediction behind.
+    with db_errors(db.path, "storing predicted rows"), db.transaction():
+        for fp, out in pending:
+            db.add_environment(fp)
+            db.add_result(out)
+    summary["written"] = len(pending)
     return summary
 
 

@@ -140,7 +140,7 @@ def cmd_repeat(args) -> int:
 
 
 def cmd_predict(args) -> int:
-    from drafter_attn.tuner.predict import DatasheetError, load_datasheets, predict
+    from drafter_attn.tuner.predict import DatasheetError, default_source, load_datasheets, predict
 
     try:
         if args.list:
@@ -150,14 +150,21 @@ def cmd_predict(args) -> int:
             return 0
         if args.sm is None:
             return _fail("predict", "--sm is required (the SM to predict for)")
-        s = predict(args.db or default_path(), args.sm, args.from_sm, gpu=args.gpu,
-                    datasheets=args.datasheets)
+        dest = args.db or default_path()
+        # without --db, a database with nothing measured yet (a fresh install) projects the
+        # measurements shipped in profiles/ (read-only) into it
+        source = None if args.db else default_source(dest, args.sm, args.from_sm)
+        s = predict(dest, args.sm, args.from_sm, gpu=args.gpu, datasheets=args.datasheets,
+                    source=source)
     except (SchemaError, DatasheetError) as exc:
         return _fail("predict", exc)
     for src in s["sources"]:
         print(f"from {src['gpu']} ({src['datasheet']}, {src['tbs']} TB/s [{src['source']}])", file=sys.stderr)
     print(f"to {s['target']} sm{s['target_sm']} ({s['target_tbs']} TB/s [{s['target_source']}])",
           file=sys.stderr)
+    if s["source_db"] != str(dest):
+        print(f"measured rows read from {s['source_db']}; predicted rows stored in {dest}",
+              file=sys.stderr)
     print(f"{s['written']} predicted rows written from sm{s['from_sm']}; {s['skipped_done']} predicted "
           f"before; {s['skipped_no_bytes']} without bytes_moved", file=sys.stderr)
     if s["skipped_bad"]:
@@ -284,7 +291,10 @@ def add_commands(sub, add_db) -> None:
 
     p = sub.add_parser("predict", help="roofline-projected rows for an SM you do not own",
                        description="Project the measured rows of the nearest measured SM onto a "
-                       "target GPU by datasheet memory bandwidth; stored with provenance 'predicted'.")
+                       "target GPU by datasheet memory bandwidth; stored with provenance 'predicted'. "
+                       "Without --db, when the database in use holds no measured rows to project "
+                       "from (a fresh install), the measurements shipped in profiles/sm<SM>.db are "
+                       "read (never written) and the predictions stored in the database in use.")
     add_db(p)
     p.add_argument("--sm", type=int, help="SM to predict for, e.g. 100")
     p.add_argument("--from", dest="from_sm", type=int, help="measured SM to project from "
