@@ -91,18 +91,89 @@ def use_wgmma(params: Params, head_dim: int, warps: int, sm: int) -> bool:
     return params.wgmma
 
 
-def default_params(problem: Problem | None = None, **overrides) -> Params:
-    """Fast-without-tuning defaults, chosen so no default variant spills on sm_90a/100/103:
-    above 8 warps (registers are allocated per 4 warps, so 9 warps get the budget of 12) Q moves
-    to shared memory and key tiles shrink to 16 keys in 6 stages (checked by
-    tests/test_static_profile). At 9 warps, 64-key tiles spill on sm_90a and sm_103 (116-132
+# --------------------------------------------------------------------------------------------
+# per-SM defaults
+
+
+@dataclass(frozen=True)
+class SmBudget:
+    """What one SM target gives a CTA, and the K/V pipeline its default variants of 4-8 warps
+    use. Shared memory as the CUDA C++ Programming Guide's "Technical Specifications per
+    Compute Capability" states it: the opt-in maximum per block and the total per SM."""
+
+    smem_block: int  # bytes of dynamic shared memory one CTA may opt in to
+    smem_sm: int  # bytes of shared memory per SM (resident CTAs, split planning)
+    tile_n: int = 64  # keys per K/V stage
+    stages: int = 3
+
+
+_KB = 1024
+_BIG, _MID, _SMALL = (227 * _KB, 228 * _KB), (163 * _KB, 164 * _KB), (99 * _KB, 100 * _KB)
+
+# The per-SM defaults: the one place where default parameters differ by SM target (every SM
+# NVRTC 13.5 targets from 80 up). Chosen from the static profile (`tuner compile --sm all`:
+# registers, spills, shared memory of each default variant; docs/design.md, "Kernel design"):
+# - 90, 100, 103: 64-key tiles in 3 stages, tuned on the H200 (sm_90a runs them on wgmma).
+#   sm_100/103 compile the 4-warp head_dim-128 variant at 255 registers, no spills.
+# - 107, 110: their ptxas spills that variant (32-100 bytes at 255 registers); 32-key tiles in
+#   6 stages keep the same 192 K/V rows in flight at 224-238 registers.
+# - 86, 88, 89, 120, 121: 99 KB a CTA, where 64 x 3 stages of head_dim 128 need 102 KB; 32 x 5
+#   (85 KB) fits, at 224-238 registers on sm_120/121 (whose ptxas also spills 64-key tiles).
+# - 80, 87: 163 KB a CTA; the SM 8x ptxas keeps 64-key tiles within 234 registers.
+# SM 107's shared memory is taken as SM 100's (the Programming Guide's table predates it).
+# CTAs of more than 8 warps use 16-key tiles in 6 stages with Q in shared memory (89 KB) on
+# every target (`default_params`).
+SM_BUDGETS = {
+    80: SmBudget(*_MID), 86: SmBudget(*_SMALL, 32, 5), 87: SmBudget(*_MID),
+    88: SmBudget(*_SMALL, 32, 5), 89: SmBudget(*_SMALL, 32, 5),
+    90: SmBudget(*_BIG), 100: SmBudget(*_BIG), 103: SmBudget(*_BIG),
+    107: SmBudget(*_BIG, 32, 6), 110: SmBudget(*_BIG, 32, 6),
+    120: SmBudget(*_SMALL, 32, 5), 121: SmBudget(*_SMALL, 32, 5),
+}
+# An SM the table does not name (a target of a newer NVRTC): the smallest budget of any.
+UNKNOWN_SM_BUDGET = SmBudget(*_SMALL, 32, 5)
+# No SM given (a problem described without a GPU): SM 90's, the measured defaults.
+NO_SM = 90
+
+
+def sm_budget(sm: int | None) -> SmBudget:
+    """The budget of the code a GPU of SM `sm` runs: its own SM's where NVRTC builds for it,
+    else that of the PTX's compute capability (nvrtc.code_sm: SM 999 runs compute_121 PTX with
+    NVRTC 13.5, so it gets SM 121's budget). Never raises."""
+    from drafter_attn.kernels.nvrtc import code_sm
+
+    return SM_BUDGETS.get(code_sm(NO_SM if sm is None else sm), UNKNOWN_SM_BUDGET)
+
+
+def fit_stages(params, limit: int, smem: Callable[[object], int]):
+    """`params` with stages taken off (down to 2) until `smem(params)` fits in `limit` bytes."""
+    while params.stages > 2 and smem(params) > limit:
+        params = dataclasses.replace(params, stages=params.stages - 1)
+    return params
+
+
+def default_params(problem: Problem | None = None, sm: int | None = None,
+                   **overrides) -> Params:
+    """Fast-without-tuning defaults for a GPU of SM `sm` (None: SM 90's), chosen so no default
+    variant spills on any SM target (checked by tests/test_static_profile). CTAs of 4-8 warps
+    take the K/V pipeline of `sm_budget(sm)`. Above 8 warps (registers are allocated per 4
+    warps, so 9 warps get the budget of 12) Q moves to shared memory and key tiles shrink to 16
+    keys in 6 stages on every SM: at 9 warps, 64-key tiles spill on sm_90a and sm_103 (116-132
     bytes) and 32-key tiles 32 bytes on sm_90a since the kernels take a page stride; 16-key
-    tiles compile at 144 registers everywhere."""
-    base = Params()
+    tiles compile at 138-146 registers everywhere. A block of more keys than the budget's tile
+    keeps SM 90's 64-key tiles; stages come off where the SM's shared memory would be exceeded
+    (neither happens for the presets' shapes)."""
+    budget = sm_budget(sm)
+    base = Params(tile_n=budget.tile_n, stages=budget.stages)
     if problem is not None:
-        warps = num_warps(problem.geometry.block_size, problem.geometry.group)
+        g = problem.geometry
+        warps = num_warps(g.block_size, g.group)
         if warps > 8:
             base = Params(tile_n=16, stages=6, q_smem=True)
+        elif g.block_size > base.tile_n:  # the block's own keys fill one tile: what SM 90 runs
+            base = Params()
+        # the padded mma.sync stages: at least what the wgmma path needs
+        base = fit_stages(base, budget.smem_block, lambda p: p.smem_bytes(g.head_dim, warps))
     return dataclasses.replace(base, **overrides)
 
 
@@ -124,16 +195,27 @@ def problem_reason(problem: Problem, tile_n: int, head_dims=HEAD_DIMS,
     return None
 
 
-def supports(problem: Problem, params: Params | None = None) -> str | None:
-    """None when the cupy kernels run this problem, else the reason they do not."""
+def smem_limit_reason(need: int, sm: int | None) -> str | None:
+    """Why `need` bytes of shared memory do not fit one CTA on a GPU of SM `sm` (None: any
+    SM 90/100-class GPU, 227 KB), or None."""
+    limit = SMEM_LIMIT if sm is None else sm_budget(sm).smem_block
+    if need <= limit:
+        return None
+    where = "" if sm is None else f" on SM {sm}"
+    return f"needs {need} bytes of shared memory, more than the {limit // 1024} KB a CTA gets{where}"
+
+
+def supports(problem: Problem, params: Params | None = None, sm: int | None = None) -> str | None:
+    """None when the cupy kernels run this problem (on a GPU of SM `sm`, when given), else
+    the reason they do not."""
     g = problem.geometry
-    params = params or default_params(problem)
+    params = params or default_params(problem, sm)
     reason = problem_reason(problem, params.tile_n)
     if reason:
         return reason
-    if params.smem_bytes(g.head_dim, num_warps(g.block_size, g.group), bool(params.wgmma)) > SMEM_LIMIT:
-        return f"tile_n={params.tile_n} stages={params.stages} needs more than 227 KB of smem"
-    return None
+    need = params.smem_bytes(g.head_dim, num_warps(g.block_size, g.group), bool(params.wgmma))
+    reason = smem_limit_reason(need, sm)
+    return f"tile_n={params.tile_n} stages={params.stages} {reason}" if reason else None
 
 
 def tunables(problem: Problem | None = None) -> dict[str, list]:
@@ -202,8 +284,10 @@ class Module:
     threads: int
     owner: object = None  # keeps the loaded module alive as long as its handles
 
-    def resident_ctas(self) -> int:
-        by_smem = SMEM_PER_SM // (self.smem + 1024)
+    def resident_ctas(self, smem_per_sm: int = SMEM_PER_SM) -> int:
+        """CTAs of this variant one SM holds (at most 32), by shared memory (`smem_per_sm`:
+        the GPU's, SmBudget.smem_sm; 1 KB reserved per CTA) and by registers."""
+        by_smem = smem_per_sm // (self.smem + 1024)
         regs_per_warp = -(-self.regs * 32 // 256) * 256
         by_regs = REGS_PER_SM // (regs_per_warp * (self.threads // 32))
         return max(1, min(by_smem, by_regs, 32))
@@ -497,17 +581,19 @@ class CupyBackend:
                                      compare=False)
 
     # registry protocol -------------------------------------------------------------------
-    def params_for(self, problem: Problem):
-        return self.family.default_params(problem, **dict(self.overrides))
+    # `sm` (optional in the protocol, see registry.default_params): the GPU's SM; the
+    # defaults and the shared-memory limit are that SM's (kernels.cupy_backend.SM_BUDGETS).
+    def params_for(self, problem: Problem, sm: int | None = None):
+        return self.family.default_params(problem, sm, **dict(self.overrides))
 
-    def supports(self, problem: Problem) -> str | None:
-        return self.family.supports(problem, self.params_for(problem))
+    def supports(self, problem: Problem, sm: int | None = None) -> str | None:
+        return self.family.supports(problem, self.params_for(problem, sm), sm)
 
     def tunables(self, problem: Problem | None = None) -> dict[str, list]:
         return self.family.tunables(problem)
 
-    def default_params(self, problem: Problem | None = None) -> dict:
-        return dataclasses.asdict(self.family.default_params(problem))
+    def default_params(self, problem: Problem | None = None, sm: int | None = None) -> dict:
+        return dataclasses.asdict(self.family.default_params(problem, sm))
 
     def with_params(self, **params) -> CupyBackend:
         from drafter_attn.kernels import registry
@@ -554,10 +640,12 @@ class CupyBackend:
         plan.run(*args)
 
     # planning ------------------------------------------------------------------------------
-    def _params(self, dims):
+    def _params(self, dims, device: torch.device):
+        """The parameters of a call on `device`: the overrides over that GPU's SM defaults."""
         problem = Problem.from_dims(dims, 0)
-        params = self.params_for(problem)
-        reason = self.family.supports(problem, params)
+        sm = device_info(_index(device))[1]
+        params = self.params_for(problem, sm)
+        reason = self.family.supports(problem, params, sm)
         if reason:
             raise ValueError(f"the {self.name} backend cannot run this problem: {reason}")
         return params
@@ -574,15 +662,16 @@ class CupyBackend:
         # split count follows it: each split still covers its share of the real ctx_lens.
         planned = dims.plan_ctx
         kv_tokens = planned if dims.mask == "full" else min(planned, dims.window)
-        return choose_splits(dims.batch, dims.num_kv_heads, kv_tokens, params.tile_n,
-                             device_info(index)[0], mod.resident_ctas())
+        num_sms, sm = device_info(index)
+        return choose_splits(dims.batch, dims.num_kv_heads, kv_tokens, params.tile_n, num_sms,
+                             mod.resident_ctas(sm_budget(sm).smem_sm))
 
     def _plan_attention(self, key, dims, layout, args) -> AttentionPlan:
         q, _, _, k_cache, v_cache, table, _, out = args
         _check_kernel_inputs(q, k_cache, v_cache)
         if out is not None:
             contract.check_out(out, q)
-        p = self._params(dims)
+        p = self._params(dims, q.device)
         index = _index(q.device)
         mod = self.family.module_for(index, q.dtype, dims.head_dim, dims.page_size,
                                      dims.block_size, dims.group, p)
@@ -623,9 +712,11 @@ class CupyBackend:
         launch = None
         if dims.rows and dims.batch:
             # The store depends on head_dim and the page size only: the attention module of a
-            # minimal geometry serves, so a step loads one module per layout.
+            # minimal geometry at the GPU's defaults serves, so a step loads one module per
+            # layout (one whose shared memory the GPU can give).
+            sm = device_info(index)[1]
             mod = self.family.module_for(index, k_new.dtype, dims.head_dim, dims.page_size, 1,
-                                         1, self.family.Params())
+                                         1, self.family.default_params(None, sm))
             counters = _counters(index, dims.batch)
             packed = StoreArgs(counters=counters.data_ptr(), rows=dims.rows,
                                hkv=dims.num_kv_heads, table_stride=table_stride,

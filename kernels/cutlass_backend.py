@@ -96,23 +96,34 @@ def smem_bytes(tile_n: int, stages: int, head_dim: int, warps: int, q_smem: bool
 num_warps = cb.num_warps
 
 
-def default_params(problem: Problem | None = None, **overrides) -> Params:
-    """Defaults chosen so no default variant spills on sm_90a/100a/103a: above 8 warps (a CTA of
+def default_params(problem: Problem | None = None, sm: int | None = None,
+                   **overrides) -> Params:
+    """Defaults for a GPU of SM `sm` (None: SM 90's), chosen so no default variant spills:
+    CTAs of 4-8 warps take the K/V pipeline of the SM's budget (cupy_backend.SM_BUDGETS, the
+    same per-SM table as cupy's), with stages taken off where the CuTe kernel's shared memory
+    (its Q tile no longer borrowing a stage) would exceed the SM's. Above 8 warps (a CTA of
     9-12 warps gets the register budget of 12, 168 registers a thread) Q moves to shared memory
-    and the key tile halves. The CuTe kernel keeps a few more values live than cupy's: with
-    64-key tiles (or 32-key tiles in 4 stages) ptxas spills a few bytes at 9 warps on sm_90a."""
-    base = Params()
+    and the key tile halves, on every SM. The CuTe kernel keeps a few more values live than
+    cupy's: with 64-key tiles (or 32-key tiles in 4 stages) ptxas spills a few bytes at 9 warps
+    on sm_90a."""
+    budget = cb.sm_budget(sm)
+    base = Params(tile_n=budget.tile_n, stages=budget.stages)
     if problem is not None:
-        warps = num_warps(problem.geometry.block_size, problem.geometry.group)
+        g = problem.geometry
+        warps = num_warps(g.block_size, g.group)
         if warps > 8:
             base = Params(tile_n=32, stages=3, q_smem=True)
+        elif g.block_size > base.tile_n:  # the block's own keys fill one tile: as on SM 90
+            base = Params()
+        base = cb.fit_stages(base, budget.smem_block, lambda p: p.smem_bytes(g.head_dim, warps))
     return dataclasses.replace(base, **overrides)
 
 
-def supports(problem: Problem, params: Params | None = None) -> str | None:
-    """None when the cutlass kernels run this problem, else the reason they do not."""
+def supports(problem: Problem, params: Params | None = None, sm: int | None = None) -> str | None:
+    """None when the cutlass kernels run this problem (on a GPU of SM `sm`, when given), else
+    the reason they do not."""
     g = problem.geometry
-    params = params or default_params(problem)
+    params = params or default_params(problem, sm)
     if params.tile_n not in (16, 32, 64, 128, 256):
         return f"tile_n {params.tile_n} must be a power of two from 16 to 256"
     if params.stages < 2:
@@ -128,9 +139,9 @@ def supports(problem: Problem, params: Params | None = None) -> str | None:
                 f"{params.tile_n} (issue 19); use wgmma=False (the default) here")
     warps = num_warps(g.block_size, g.group)
     need = smem_bytes(params.tile_n, params.stages, g.head_dim, warps, params.q_smem)  # >= wgmma's
-    if need > SMEM_LIMIT:
-        return (f"tile_n={params.tile_n} stages={params.stages} q_smem={params.q_smem} needs "
-                f"{need} bytes of smem (> 227 KB)")
+    reason = cb.smem_limit_reason(need, sm)
+    if reason:
+        return f"tile_n={params.tile_n} stages={params.stages} q_smem={params.q_smem} {reason}"
     return None
 
 

@@ -7,9 +7,11 @@ and picks an implementation per problem in tiers:
     bucketed  the same SM and shape; batch and context rounded up to powers of two (the query's
               own bucket, else the nearest measured bucket)
     family    the same, measured on another SM of the same family (sm // 10: 100 and 103)
-    default   cupy with its default parameters where it supports the problem, else the reference
+    default   cupy with its default parameters for the SM (kernels.cupy_backend.SM_BUDGETS)
+              where it supports the problem, else the reference
 
-Every candidate is checked with the backend's `supports()` before it is chosen; a pick says
+Every candidate is checked with the backend's `supports()` for the SM (whose shared memory it
+must fit: an entry of SM 80 is no use on SM 86) before it is chosen; a pick says
 which tier gave it and why, never raises and never touches the GPU. Picks are cached per key.
 """
 
@@ -74,28 +76,32 @@ def _log2(x: int) -> float:
     return math.log2(max(x, 1))
 
 
-def _supports(impl: str, params, problem: Problem) -> str | None:
-    """None when `impl` with `params` can run `problem`, else why not (never raises)."""
+def _supports(impl: str, params, problem: Problem, sm: int | None = None) -> str | None:
+    """None when `impl` with `params` can run `problem` on SM `sm`, else why not (never
+    raises)."""
     from drafter_attn.kernels import registry
 
     try:
-        return registry.bind(registry.get(impl), dict(params)).supports(problem)
+        return registry.supports(registry.bind(registry.get(impl), dict(params)), problem, sm)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
 
 
-def default_pick(problem: Problem, note: str = "", source: str = "default heuristic") -> Pick:
-    """The safe default: cupy at its default parameters where it supports the problem, else the
-    torch reference (which runs everything)."""
+def default_pick(problem: Problem, note: str = "", source: str = "default heuristic",
+                 sm: int | None = None) -> Pick:
+    """The safe default: cupy at its default parameters for SM `sm` (kernels.cupy_backend's
+    per-SM defaults; a GPU that runs PTX gets those of the PTX's compute capability) where it
+    supports the problem, else the torch reference (which runs everything)."""
     from drafter_attn.kernels import registry
 
     prefix = f"default: {note}; " if note else "default: "
     try:
         cupy = registry.get("cupy")
-        reason = cupy.supports(problem)
+        reason = registry.supports(cupy, problem, sm)
         if reason is None:
-            return _pick("cupy", cupy.default_params(problem), "default",
-                         prefix + "cupy supports this problem (its default parameters)", source)
+            which = "its default parameters" if sm is None else f"its defaults for SM {sm}"
+            return _pick("cupy", registry.default_params(cupy, problem, sm), "default",
+                         prefix + f"cupy supports this problem ({which})", source)
         why = f"cupy does not support it ({reason})"
     except Exception as exc:
         why = f"cupy is unavailable ({type(exc).__name__}: {exc})"
@@ -172,7 +178,8 @@ class Dispatcher:
             result = self._pick(key, problem)
         except Exception as exc:  # a broken backend: never fail a step
             try:
-                result = default_pick(problem, note=f"picking failed ({type(exc).__name__}: {exc})")
+                result = default_pick(problem, note=f"picking failed ({type(exc).__name__}: {exc})",
+                                      sm=key[0])
             except Exception:
                 result = reference_pick(f"picking failed ({type(exc).__name__}: {exc}); the "
                                         f"reference runs anything")
@@ -193,7 +200,7 @@ class Dispatcher:
             return default_pick(problem, note="GPU unknown (no SM): the table is not consulted")
         entry = self._exact.get(key)
         if entry is not None:
-            p = self._usable(entry, problem, "exact", "measured at this exact problem", notes, tried)
+            p = self._usable(entry, problem, "exact", "measured at this exact problem", notes, tried, sm)
             if p:
                 return p
         else:
@@ -201,7 +208,7 @@ class Dispatcher:
         per_sm = self._shapes.get(shape, {})
         qb = (bucket(key[-2]), bucket(key[-1]))
         if sm in per_sm:
-            p = self._from_buckets(per_sm[sm], qb, problem, "bucketed", f"sm{sm}", notes, tried)
+            p = self._from_buckets(per_sm[sm], qb, problem, "bucketed", f"sm{sm}", notes, tried, sm)
             if p:
                 return p
         else:
@@ -210,19 +217,19 @@ class Dispatcher:
         kin = sorted((s for s in per_sm if s != sm and family(s) == family(sm)), key=lambda s: (abs(s - sm), s))
         for other in kin:
             p = self._from_buckets(per_sm[other], qb, problem, "family",
-                                   f"sm{other} (family sm{family(sm)}x)", notes, tried)
+                                   f"sm{other} (family sm{family(sm)}x)", notes, tried, sm)
             if p:
                 return p
         if not kin:
             notes.append(f"no other SM of family sm{family(sm)}x with this shape")
-        return default_pick(problem, note="; ".join(notes), source=self.source)
+        return default_pick(problem, note="; ".join(notes), source=self.source, sm=sm)
 
-    def _from_buckets(self, buckets: dict, qb: tuple, problem, tier, where, notes, tried):
+    def _from_buckets(self, buckets: dict, qb: tuple, problem, tier, where, notes, tried, sm):
         entry = buckets.get(qb)
         if entry is not None:
             p = self._usable(entry, problem, tier,
                              f"{where}, same bucket batch<={qb[0]} ctx<={qb[1]} (measured at "
-                             f"B={entry.batch} ctx={entry.ctx_len})", notes, tried)
+                             f"B={entry.batch} ctx={entry.ctx_len})", notes, tried, sm)
             if p:
                 return p
         order = sorted(buckets.items(), key=lambda kv: (abs(_log2(kv[0][0]) - _log2(qb[0]))
@@ -234,18 +241,19 @@ class Dispatcher:
             p = self._usable(entry, problem, tier,
                              f"{where}, nearest measured bucket batch<={b[0]} ctx<={b[1]} (query "
                              f"bucket batch<={qb[0]} ctx<={qb[1]}; measured at B={entry.batch} "
-                             f"ctx={entry.ctx_len})", notes, tried)
+                             f"ctx={entry.ctx_len})", notes, tried, sm)
             if p:
                 return p
         return None
 
-    def _usable(self, entry: Entry, problem: Problem, tier: str, why: str, notes: list, tried: set):
+    def _usable(self, entry: Entry, problem: Problem, tier: str, why: str, notes: list, tried: set,
+                sm: int | None):
         if id(entry) in tried:
             return None
         tried.add(id(entry))
         count = entry.get("candidates", len(entry.candidates))
         for i, c in enumerate(entry.candidates):
-            reason = _supports(c.impl, c.params, problem)
+            reason = _supports(c.impl, c.params, problem, sm)
             if reason is None:
                 rank = "winner" if i == 0 else f"alternative {i}"
                 text = (f"{tier}: {why}; {rank} of {count} candidates ({entry.kind}, "

@@ -110,6 +110,11 @@ class DeviceTarget:
     def ptx(self) -> bool:
         return self.arch.startswith("compute_")
 
+    @property
+    def code_sm(self) -> int:
+        """The SM the code is built for: the device's own, or the PTX's compute capability."""
+        return int(self.arch.split("_")[1].rstrip("a"))
+
     def describe(self) -> str:
         if self.ptx:
             return (f"SM {self.device_sm} is not a target of this NVRTC: running PTX for "
@@ -128,6 +133,17 @@ def device_target(device_sm: int, supported: tuple[int, ...]) -> DeviceTarget:
     if device_sm in supported:
         return DeviceTarget(device_sm, arch_for_sm(device_sm, supported))
     return DeviceTarget(device_sm, f"compute_{max(below)}")
+
+
+def code_sm(device_sm: int) -> int:
+    """The SM whose code a GPU of SM `device_sm` runs (see device_target): its own where this
+    NVRTC builds for it, else the compute capability of the PTX the driver JITs. `device_sm`
+    itself where that cannot be decided (no NVRTC here, or a GPU below every target). Never
+    raises: the runtime picks per-SM defaults with it (kernels.cupy_backend.sm_budget)."""
+    try:
+        return device_target(device_sm, supported_sms()).code_sm
+    except Exception:  # CompileError, or a libnvrtc that cannot be loaded
+        return device_sm
 
 
 @functools.cache

@@ -51,7 +51,8 @@ class Backend(Protocol):
 
     def supports(self, problem: Problem) -> str | None:
         """None when the backend can run `problem` (a `kernels.spec.Problem`), else the reason
-        it cannot, e.g. an unsupported head_dim."""
+        it cannot, e.g. an unsupported head_dim. A backend whose answer depends on the GPU
+        takes an optional keyword `sm` (see the module function `supports`)."""
 
     def tunables(self, problem: Problem) -> dict[str, list]:
         """The tunable parameter space for `problem` (None: any problem): parameter name ->
@@ -59,7 +60,9 @@ class Backend(Protocol):
 
     def default_params(self, problem: Problem) -> dict:
         """Parameters to use for `problem` (None: any problem) when no tuned value is known,
-        as a dict of name -> value."""
+        as a dict of name -> value. A backend whose defaults differ by GPU takes an optional
+        keyword `sm`, the GPU's SM (cupy and cutlass: kernels.cupy_backend.SM_BUDGETS; see
+        the module function `default_params`)."""
 
     def with_params(self, **params) -> Backend:
         """This backend bound to the given parameters (names from `tunables`); ValueError for
@@ -200,6 +203,34 @@ def get(name: str) -> Backend:
         raise BackendUnavailable(f"backend {name!r}: {factory!r} gave a {type(backend).__name__}, not a Backend")
     _BUILT[name] = backend
     return backend
+
+
+def _takes_sm(method) -> bool:
+    try:
+        return "sm" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def default_params(backend, problem: Problem | None, sm: int | None = None) -> dict:
+    """`backend.default_params(problem)` for a GPU of SM `sm`: backends whose defaults differ
+    by SM (their `default_params` takes `sm`) get it; None means no GPU in particular.
+
+    Example:
+        >>> default_params(get("cupy"), None, sm=120)["tile_n"]  # SM 120's 99 KB a CTA: 32-key tiles
+        32
+        >>> default_params(get("reference"), None, sm=120)
+        {}
+    """
+    method = backend.default_params
+    return method(problem, sm=sm) if sm is not None and _takes_sm(method) else method(problem)
+
+
+def supports(backend, problem: Problem, sm: int | None = None) -> str | None:
+    """`backend.supports(problem)` on a GPU of SM `sm` (passed to backends that take it: the
+    shared memory a CTA gets differs by SM)."""
+    method = backend.supports
+    return method(problem, sm=sm) if sm is not None and _takes_sm(method) else method(problem)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ def cupy_default_variants(page_sizes=DEFAULT_PAGES, presets=None,
         for geom in (presets or PRESETS).values():
             for page in (*page_sizes, None):
                 problem = Problem(geom, "paged" if page else "arena", page, 1, 0)
-                params = cb.default_params(problem)
+                params = cb.default_params(problem, sm)
                 defines = cb.variant_defines(geom.dtype, geom.head_dim, page, geom.block_size,
                                              geom.group, params, sm)
                 key = tuple(sorted(defines.items()))
@@ -72,10 +72,10 @@ def cupy_default_variants(page_sizes=DEFAULT_PAGES, presets=None,
     return list(out.values())
 
 
-def cutlass_default_variants(page_sizes=DEFAULT_PAGES, presets=None,
-                             wgmma: bool = True) -> list[Variant]:
-    """The cutlass backend's default-parameter variants for every preset geometry and layout
-    (mma.sync, for every SM target), plus with `wgmma` the sm_90a warpgroup-MMA variant
+def cutlass_default_variants(page_sizes=DEFAULT_PAGES, presets=None, wgmma: bool = True,
+                             sms=DEFAULT_SMS) -> list[Variant]:
+    """The cutlass backend's default-parameter variants for every preset geometry, layout and SM
+    (mma.sync, at each SM's defaults), plus with `wgmma` the sm_90a warpgroup-MMA variant
     (params wgmma=True) where the shape allows it. Empty when the nvidia-cutlass wheel (the
     `cutlass` extra) is not installed."""
     try:
@@ -85,24 +85,26 @@ def cutlass_default_variants(page_sizes=DEFAULT_PAGES, presets=None,
     from drafter_attn.kernels.spec import Problem
 
     out = {}
-    for geom in (presets or PRESETS).values():
-        for page in (*page_sizes, None):
-            problem = Problem(geom, "paged" if page else "arena", page, 1, 0)
-            base = kb.default_params(problem)
-            for params, sm in ((base, None), (dataclasses.replace(base, wgmma=True), 90)):
-                defines = kb.variant_defines(geom.dtype, geom.head_dim, page, geom.block_size,
-                                             geom.group, params, sm)
-                if sm is not None and not (wgmma and defines["WGMMA"]):
-                    continue  # no warpgroup path for this shape: the mma.sync variant serves
-                key = tuple(sorted(defines.items()))
-                out[key] = Variant("cutlass", kb.SOURCE, key, kb.defines_smem(defines),
-                                   kb.NVRTC_OPTIONS, sm, (kb.include_dir(),),
-                                   kb.header_identity())
+    for sm in sms:
+        for geom in (presets or PRESETS).values():
+            for page in (*page_sizes, None):
+                problem = Problem(geom, "paged" if page else "arena", page, 1, 0)
+                base = kb.default_params(problem, sm)
+                for params in (base, dataclasses.replace(base, wgmma=True)):
+                    defines = kb.variant_defines(geom.dtype, geom.head_dim, page, geom.block_size,
+                                                 geom.group, params, sm)
+                    if params.wgmma and not (wgmma and defines["WGMMA"]):
+                        continue  # no warpgroup path here: the mma.sync variant serves
+                    key = tuple(sorted(defines.items()))
+                    out[(sm, key)] = Variant("cutlass", kb.SOURCE, key, kb.defines_smem(defines),
+                                             kb.NVRTC_OPTIONS, sm, (kb.include_dir(),),
+                                             kb.header_identity())
     return list(out.values())
 
 
-def default_variants(page_sizes=DEFAULT_PAGES) -> list[Variant]:
-    return cupy_default_variants(page_sizes) + cutlass_default_variants(page_sizes)
+def default_variants(page_sizes=DEFAULT_PAGES, sms=DEFAULT_SMS) -> list[Variant]:
+    return (cupy_default_variants(page_sizes, sms=sms)
+            + cutlass_default_variants(page_sizes, sms=sms))
 
 
 @functools.cache
@@ -187,7 +189,7 @@ def sass_problems(rows: list[dict]) -> list[str]:
 def compile_variants(sms=DEFAULT_SMS, variants: list[Variant] | None = None,
                      workers: int | None = None) -> list[dict]:
     """Compile every variant for every SM (in parallel processes); one row per kernel."""
-    variants = variants if variants is not None else default_variants()
+    variants = variants if variants is not None else default_variants(sms=sms)
     jobs = [(v, sm) for sm in sms for v in variants if v.sm in (None, sm)]
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     if workers <= 1:

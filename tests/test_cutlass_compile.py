@@ -46,8 +46,9 @@ def compiled():
         pytest.skip(reason)
     from drafter_attn.kernels.static_profile import compile_variants, cutlass_default_variants
 
-    variants = cutlass_default_variants(page_sizes=(64,), presets={MAIN_PRESET: PRESETS[MAIN_PRESET]})
-    assert len(variants) == 4  # paged 64 + arena, mma.sync + wgmma
+    variants = cutlass_default_variants(page_sizes=(64,), presets={MAIN_PRESET: PRESETS[MAIN_PRESET]},
+                                        sms=SMS)
+    assert len(variants) == 2 * len(SMS) + 2  # paged 64 + arena: mma.sync per SM, wgmma on sm_90a
     return compile_variants(SMS, variants, workers=min(2, os.cpu_count() or 1))
 
 
@@ -172,10 +173,14 @@ def test_static_profile_lists_both_backends():
 
     backends = {v.backend for v in default_variants()}
     assert {"cupy", "cutlass"} <= backends
-    for v in cutlass_default_variants():
+    variants = cutlass_default_variants(sms=(90, 100, 120))
+    for v in variants:
         assert v.source == "cute_drafter_attention.cu" and v.include_dirs and v.header_identity
         assert v.header_identity.startswith("cutlass-")
-        assert dict(v.defines)["WGMMA"] == (v.sm == 90)  # warpgroup variants: sm_90a only
+        assert dict(v.defines)["WGMMA"] <= (v.sm == 90)  # warpgroup variants: sm_90a only
+    # each SM's mma.sync variants at its own defaults (sm_120: 32-key tiles, 99 KB a CTA)
+    tiles = {(v.sm, dict(v.defines)["TILE_N"]) for v in variants if dict(v.defines)["NUM_WARPS"] == 4}
+    assert tiles == {(90, 64), (100, 64), (120, 32)}
 
 
 def test_backend_protocol_and_supports():

@@ -226,7 +226,7 @@ def _compile_variants(args, presets) -> list:
     if args.backend in ("all", "cupy"):
         variants += static_profile.cupy_default_variants(args.pages, presets, sms=args.sm)
     if args.backend in ("all", "cutlass"):
-        cutlass = static_profile.cutlass_default_variants(args.pages, presets)
+        cutlass = static_profile.cutlass_default_variants(args.pages, presets, sms=args.sm)
         if not cutlass:
             print("tuner compile: no cutlass variants (nvidia-cutlass is not installed: "
                   "pip install -e '.[cutlass]')", file=sys.stderr)

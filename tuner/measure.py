@@ -163,6 +163,16 @@ def stalling_reason(impl: str, stall: str) -> str:
             "as a step that syncs cannot be captured into a CUDA graph")
 
 
+def _device_sm() -> int | None:
+    """SM of the current CUDA device (whose shared memory `supports` checks), None without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return major * 10 + minor
+
+
 def measure_candidate(wire: dict, *, reps: int = 0, nsys: bool = False, **step_options) -> dict:
     """Measure `wire` (Candidate.to_wire()) on cuda:0 -> result columns. Never raises.
     `step_options` go to the DecodeStep (`table_capacity`, `max_ctx_hint`)."""
@@ -191,7 +201,7 @@ def measure_step(wire: dict, make_step, *, reps: int = 0, nsys: bool = False,
     try:
         c = Candidate.from_wire(wire)
         backend = registry.get(c.impl)
-        reason = backend.with_params(**c.params_dict).supports(c.problem)
+        reason = registry.supports(backend.with_params(**c.params_dict), c.problem, _device_sm())
         if reason:
             return dict(status="unsupported", reason=reason, elapsed_s=time.perf_counter() - t0)
         step = make_step(c, backend)

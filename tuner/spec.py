@@ -104,6 +104,12 @@ class Candidate:
                          d.get("accepted"), d.get("preset"), d.get("target"))
 
 
+def target_sm(target: str | None) -> int | None:
+    """The SM of an SM target ("sm120" -> 120); None for any GPU or a GPU class ("H200")."""
+    t = (target or "").lower()
+    return int(t[2:]) if t.startswith("sm") and t[2:].isdigit() else None
+
+
 def problem_from_key(key: dict) -> Problem:
     """Inverse of Problem.key()."""
     geom_fields = {k: key[k] for k in GEOMETRY_KEYS if k != "name"}
@@ -164,8 +170,10 @@ class SweepSpec:
                     if unknown:
                         raise SpecError(f"{self.source}: params.{impl}: unknown parameter(s) "
                                         f"{sorted(unknown)}; {impl} tunes {sorted(known) or 'nothing'}")
-                    full = {**backend.default_params(problem), **override}
                     for target in self.targets:
+                        # an SM target's candidates start from that SM's defaults
+                        full = {**registry.default_params(backend, problem, target_sm(target)),
+                                **override}
                         cand = Candidate(problem, impl, tuple(sorted(full.items())), self.accepted,
                                          preset, target)
                         out.setdefault((target, cand.key()), cand)

@@ -29,7 +29,7 @@ from multiprocessing.connection import wait
 
 from drafter_attn.tuner import db as dbm
 from drafter_attn.tuner.db import ProfileDB
-from drafter_attn.tuner.spec import Candidate
+from drafter_attn.tuner.spec import Candidate, target_sm
 from drafter_attn.tuner.worker import FINGERPRINT, MEASURE, Slot, died_result, timeout_result
 
 START_TIMEOUT_S = 300  # a worker imports torch and CUDA before it says ready
@@ -56,10 +56,10 @@ def serves(target: str | None, fp: dict) -> bool:
     GPU), an SM target such as "sm90", or part of a GPU name such as "H200"."""
     if target is None:
         return True
-    t = target.lower()
-    if t.startswith("sm") and t[2:].isdigit():
-        return fp.get("sm") == int(t[2:])
-    return t in str(fp.get("gpu_name") or "").lower()
+    sm = target_sm(target)
+    if sm is not None:
+        return fp.get("sm") == sm
+    return target.lower() in str(fp.get("gpu_name") or "").lower()
 
 
 def _scope(c: Candidate) -> str:
