@@ -55,7 +55,10 @@ def _sm_text(sm: int) -> str:
     return f"SM {sm} ({name})" if name else f"SM {sm}"
 
 
-def no_gpu_message(command: str) -> str:
+def no_gpu_message(command: str, requested: int | None = None,
+                   predicted: dict[str, int] | None = None) -> str:
+    """No CUDA GPU here: what torch says, what runs without one, and for `--sm N` what is
+    recorded for SM N (`predicted`: predicted_rows)."""
     import torch
 
     cuda = torch.version.cuda
@@ -72,7 +75,22 @@ def no_gpu_message(command: str) -> str:
         "  bench report [--sm N]                                      (plots and summary of recorded results)",
     ]
     lines.append("  tuner show --sm N                                          (recorded profiles)")
+    if requested is not None:
+        lines += _recorded_lines(requested, predicted, "  ")
     return "\n".join(lines)
+
+
+def _recorded_lines(requested: int, predicted: dict[str, int] | None, bullet: str) -> list[str]:
+    """Where the rows recorded for SM `requested` are: the predicted ones when there are some,
+    else how to look and how to project them."""
+    if predicted:
+        rows = "; ".join(f"{n} for {name}" for name, n in sorted(predicted.items()))
+        return [f"{bullet}read the predicted rows recorded for SM {requested} (tuner predict: measured "
+                f"efficiency x datasheet bandwidth; {rows}):",
+                f"    bench report --sm {requested}   or   tuner show --sm {requested}"]
+    return [f"{bullet}see what is recorded for SM {requested}: bench report --sm {requested}",
+            f"    or tuner show --sm {requested}",
+            f"{bullet}project it from measured rows: tuner predict --sm {requested}"]
 
 
 def predicted_rows(db_path, sm: int) -> dict[str, int]:
@@ -105,16 +123,7 @@ def mismatch_message(command: str, requested: int, gpus: list[GpuInfo],
         + (f" (or {', '.join(map(str, here[1:]))})" if len(here) > 1 else ""),
         f"  - run the same command on a machine with an {_sm_text(requested)} GPU",
     ]
-    if predicted:
-        rows = "; ".join(f"{n} for {name}" for name, n in sorted(predicted.items()))
-        lines += [f"  - read the predicted rows recorded for SM {requested} (tuner predict: measured "
-                  f"efficiency x datasheet bandwidth; {rows}):",
-                  f"    bench report --sm {requested}   or   tuner show --sm {requested}"]
-    else:
-        lines += [f"  - see what is recorded for SM {requested}: bench report --sm {requested}",
-                  f"    or tuner show --sm {requested}",
-                  f"  - project it from measured rows: tuner predict --sm {requested}"]
-    return "\n".join(lines)
+    return "\n".join(lines + _recorded_lines(requested, predicted, "  - "))
 
 
 def require_gpu(sm: int | None, command: str = "bench decode", gpus: list[GpuInfo] | None = None,
@@ -124,7 +133,7 @@ def require_gpu(sm: int | None, command: str = "bench decode", gpus: list[GpuInf
     `sm` in the profile database (`db_path`, else the default one) where there are some."""
     gpus = probe() if gpus is None else gpus
     if not gpus:
-        raise BenchError(no_gpu_message(command))
+        raise BenchError(no_gpu_message(command, sm, None if sm is None else predicted_rows(db_path, sm)))
     if sm is None:
         return gpus[0]
     for g in gpus:

@@ -148,12 +148,16 @@ def test_sm_picks_the_matching_gpu_of_several():
         gpu.require_gpu(103, gpus=[H200, B200])
 
 
-def test_no_gpu_message(monkeypatch, capsys):
+def test_no_gpu_message(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(gpu, "probe", lambda: [])
+    monkeypatch.setenv("DRAFTER_DB", str(tmp_path / "none.db"))
     err = _err(capsys, ["decode", "--sm", "107", "--page", "128"])
     assert "bench decode: no CUDA GPU found" in err
     assert "torch.cuda.is_available() = False" in err
     assert "bench memory" in err and "bench report" in err
+    # --sm N: what is recorded for SM N (nothing here: how to project it)
+    assert "project it from measured rows: tuner predict --sm 107" in err
+    assert not (tmp_path / "none.db").exists()
     err = _err(capsys, ["prefill"])
     assert "bench prefill: no CUDA GPU found" in err
 

@@ -304,6 +304,11 @@ def test_fresh_install_predicts_sm_107_from_the_shipped_measurements(capsys, mon
     monkeypatch.setattr(gpu, "probe", lambda: [gpu.GpuInfo(0, "NVIDIA H200", 90, 132, 141 << 30)])
     assert bench_cli.main(["decode", "--sm", "107", "--page", "128"]) == 2
     assert "predicted rows recorded for SM 107" in capsys.readouterr().err
+    monkeypatch.setattr(gpu, "probe", lambda: [])  # no GPU at all: the same pointer
+    assert bench_cli.main(["decode", "--sm", "107", "--page", "128"]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA GPU found" in err and "predicted rows recorded for SM 107" in err
+    assert "2 for Vera Rubin (Rubin GPU) (predicted from NVIDIA H200)" in err
 
 
 def test_predict_reads_the_database_in_use_once_it_holds_measurements(monkeypatch, tmp_path):
