@@ -186,6 +186,20 @@ def sass_problems(rows: list[dict]) -> list[str]:
     return out
 
 
+def smem_problems(rows: list[dict]) -> list[str]:
+    """Rows whose kernel asks for more shared memory than a CTA gets on its SM
+    (kernels.cupy_backend.SM_BUDGETS): such a variant would not launch there."""
+    from drafter_attn.kernels.cupy_backend import sm_budget
+
+    out = []
+    for r in rows:
+        need, limit = r["smem_dynamic"] + r["smem_static"], sm_budget(r["sm"]).smem_block
+        if need > limit:
+            out.append(f"sm {r['sm']} {r['variant']} {r['kernel']}: {need} bytes of shared memory, "
+                       f"more than the {limit // 1024} KB a CTA gets")
+    return out
+
+
 def compile_variants(sms=DEFAULT_SMS, variants: list[Variant] | None = None,
                      workers: int | None = None) -> list[dict]:
     """Compile every variant for every SM (in parallel processes); one row per kernel."""
@@ -236,7 +250,7 @@ def print_table(rows: list[dict]) -> None:
     table = Table(title="static compile profile (NVRTC, ptxas -v, cuobjdump -sass)")
     for col in columns:
         table.add_column(col, justify="left" if col in ("variant", "kernel", "mma") else "right")
-    bad = {id(r) for r in rows if r["spill_bytes"] or sass_problems([r])}
+    bad = {id(r) for r in rows if r["spill_bytes"] or sass_problems([r]) or smem_problems([r])}
     for r in rows:
         table.add_row(*(str(r.get(c, "")) for c in columns), style="red" if id(r) in bad else None)
     Console().print(table)
@@ -250,7 +264,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rows = compile_variants(resolve_sms(args.sm), workers=args.workers)
     print_table(rows)
-    return 1 if any(r["spill_bytes"] for r in rows) or sass_problems(rows) else 0
+    return 1 if any(r["spill_bytes"] for r in rows) or sass_problems(rows) or smem_problems(rows) else 0
 
 
 if __name__ == "__main__":

@@ -266,7 +266,7 @@ def cmd_compile(args) -> int:
             n = db.add_compile_rows(rows, nvrtc.sources_digest(), ".".join(map(str, nvrtc.nvrtc_version())))
         print(f"{n} kernel profiles stored in {path}", file=sys.stderr)
     spills = [r for r in rows if r["spill_bytes"]]
-    problems = static_profile.sass_problems(rows)
+    problems = static_profile.sass_problems(rows) + static_profile.smem_problems(rows)
     if spills:
         print(f"tuner compile: {len(spills)} kernel(s) spill registers (red rows)", file=sys.stderr)
     for line in problems:
@@ -338,7 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="static compile profiles per SM (registers, smem, spills); no GPU",
                        description="Compile the default kernel variants with NVRTC for each SM target, "
                        "print registers / shared memory / spills, store them in the database; exit 1 "
-                       "when a kernel spills.", epilog=DB_HELP.format(path=default_path()),
+                       "when a kernel spills, traps, lacks tensor-core MMAs or needs more shared "
+                       "memory than a CTA gets on its SM.", epilog=DB_HELP.format(path=default_path()),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sm", type=static_profile_sms, default=(90, 100, 103),
                    help="SM targets, e.g. 90,100,107, or all (every NVRTC target from SM 80 up)")

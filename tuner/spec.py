@@ -17,7 +17,9 @@
     reps = 0                                # timed replays; 0 = chosen from the step's length
     nsys = false                            # also run Nsight Systems per candidate (tuner.nsys finds it)
     targets = ["sm90", "B200"]              # only on these GPUs (SM target or part of the GPU name),
-                                            # each candidate once per target; default: any GPU
+                                            # each candidate once per target; default: any GPU.
+                                            # An SM target's candidates start from that SM's
+                                            # default params, others from SM 90's
 
     [[sweep.geometries]]                    # optional custom geometries
     name = "wide"
