@@ -123,8 +123,9 @@ TIE_MARGIN = 0.01
 
 
 def is_default(row: dict) -> bool:
-    """Whether a (clean) row's params are its backend's defaults for its problem (a knob the row
-    does not name counts as its default); False when the backend or problem cannot be built."""
+    """Whether a (clean) row's params are its backend's defaults for its problem on its SM
+    (kernels.cupy_backend.SM_BUDGETS; a knob the row does not name counts as its default);
+    False when the backend or problem cannot be built."""
     from drafter_attn.kernels import registry
     from drafter_attn.kernels.spec import Geometry, Problem
 
@@ -133,7 +134,7 @@ def is_default(row: dict) -> bool:
                                                "block_size", "mask", "window")),
                             dtype=row["dtype"])
         problem = Problem(geometry, row["layout"], row["page_size"], row["batch"], row["ctx_len"])
-        defaults = registry.get(row["impl"]).default_params(problem)
+        defaults = registry.default_params(registry.get(row["impl"]), problem, row.get("sm"))
     except Exception:  # an impl not installed here, a problem this code cannot describe
         return False
     return all(row["params"].get(k, v) == v for k, v in defaults.items())

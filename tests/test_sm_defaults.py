@@ -192,6 +192,22 @@ def test_sweep_sm_targets_start_from_their_defaults(tmp_path):
     assert got == {"sm90": (64, 3), "sm120": (32, 5), "H200": (64, 3)}
 
 
+def test_the_tie_rule_counts_a_rows_own_sm_defaults():
+    """tuner export keeps a key's default parameters within the tie margin: on SM 120 those are
+    SM 120's."""
+    from profile_fakes import row
+
+    from drafter_attn.kernels import tuned_table
+
+    sm90 = registry.default_params(registry.get("cupy"), MAIN, 90)
+    sm120 = registry.default_params(registry.get("cupy"), MAIN, 120)
+    assert sm90 != sm120
+    for sm, params, want in ((120, sm120, True), (120, sm90, False), (90, sm90, True),
+                             (None, sm90, True)):
+        r = dict(row("env", batch=MAIN.batch, ctx=MAIN.ctx_len, params=params), sm=sm)
+        assert tuned_table.is_default(r) is want, (sm, params)
+
+
 # -- the backend's planning on a faked device -------------------------------------------------
 
 
