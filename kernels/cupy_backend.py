@@ -145,11 +145,25 @@ def sm_budget(sm: int | None) -> SmBudget:
     return SM_BUDGETS.get(code_sm(NO_SM if sm is None else sm), UNKNOWN_SM_BUDGET)
 
 
-def fit_stages(params, limit: int, smem: Callable[[object], int]):
-    """`params` with stages taken off (down to 2) until `smem(params)` fits in `limit` bytes."""
-    while params.stages > 2 and smem(params) > limit:
-        params = dataclasses.replace(params, stages=params.stages - 1)
-    return params
+def sm_defaults(params_cls, many_warps: dict, problem: Problem | None, sm: int | None,
+                overrides: dict):
+    """A kernel family's default `params_cls` on a GPU of SM `sm`: CTAs of 4-8 warps take the
+    K/V pipeline of `sm_budget(sm)` (64-key tiles, as SM 90 runs, where the block's own keys
+    would not fit one tile), CTAs of more warps `many_warps` on every SM; then stages come off
+    (down to 2) until the padded stages fit the shared memory a CTA gets on that SM (at least
+    what a wgmma variant needs); `overrides` last."""
+    budget = sm_budget(sm)
+    base = params_cls(tile_n=budget.tile_n, stages=budget.stages)
+    if problem is not None:
+        g = problem.geometry
+        warps = num_warps(g.block_size, g.group)
+        if warps > 8:
+            base = params_cls(**many_warps)
+        elif g.block_size > base.tile_n:
+            base = params_cls()
+        while base.stages > 2 and base.smem_bytes(g.head_dim, warps) > budget.smem_block:
+            base = dataclasses.replace(base, stages=base.stages - 1)
+    return dataclasses.replace(base, **overrides)
 
 
 def default_params(problem: Problem | None = None, sm: int | None = None,
@@ -163,18 +177,7 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     tiles compile at 138-146 registers everywhere. A block of more keys than the budget's tile
     keeps SM 90's 64-key tiles; stages come off where the SM's shared memory would be exceeded
     (neither happens for the presets' shapes)."""
-    budget = sm_budget(sm)
-    base = Params(tile_n=budget.tile_n, stages=budget.stages)
-    if problem is not None:
-        g = problem.geometry
-        warps = num_warps(g.block_size, g.group)
-        if warps > 8:
-            base = Params(tile_n=16, stages=6, q_smem=True)
-        elif g.block_size > base.tile_n:  # the block's own keys fill one tile: what SM 90 runs
-            base = Params()
-        # the padded mma.sync stages: at least what the wgmma path needs
-        base = fit_stages(base, budget.smem_block, lambda p: p.smem_bytes(g.head_dim, warps))
-    return dataclasses.replace(base, **overrides)
+    return sm_defaults(Params, dict(tile_n=16, stages=6, q_smem=True), problem, sm, overrides)
 
 
 def problem_reason(problem: Problem, tile_n: int, head_dims=HEAD_DIMS,

@@ -106,17 +106,7 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     and the key tile halves, on every SM. The CuTe kernel keeps a few more values live than
     cupy's: with 64-key tiles (or 32-key tiles in 4 stages) ptxas spills a few bytes at 9 warps
     on sm_90a."""
-    budget = cb.sm_budget(sm)
-    base = Params(tile_n=budget.tile_n, stages=budget.stages)
-    if problem is not None:
-        g = problem.geometry
-        warps = num_warps(g.block_size, g.group)
-        if warps > 8:
-            base = Params(tile_n=32, stages=3, q_smem=True)
-        elif g.block_size > base.tile_n:  # the block's own keys fill one tile: as on SM 90
-            base = Params()
-        base = cb.fit_stages(base, budget.smem_block, lambda p: p.smem_bytes(g.head_dim, warps))
-    return dataclasses.replace(base, **overrides)
+    return cb.sm_defaults(Params, dict(tile_n=32, stages=3, q_smem=True), problem, sm, overrides)
 
 
 def supports(problem: Problem, params: Params | None = None, sm: int | None = None) -> str | None:
