@@ -425,6 +425,33 @@ def test_report_from_faked_decode(faked_decode, fake_bench, tmp_path, capsys):
     assert _err(capsys, ["report", "--db", str(db), "--sm", "100"]).count("no measured (ok) results for SM 100") == 1
 
 
+def test_report_of_a_tuning_sweep_compares_each_impls_fastest_set(tmp_path):
+    """A database with several parameter sets per problem (a tuning sweep, the shipped sm90.db):
+    one row per implementation and problem, its fastest, on each side of paged over arena."""
+    from profile_fakes import H200, build_db
+
+    rows = []
+    for layout, page in (("paged", 64), ("arena", None)):
+        for params, us in (({"tile_n": 64}, 100.0), ({"tile_n": 32}, 90.0 if page else 120.0)):
+            rows.append(dict(layout=layout, page=page, batch=8, ctx=2048, params=params, median_us=us))
+    db, rep = tmp_path / "p.db", tmp_path / "rep"
+    build_db(db, {"h": (H200, rows)})
+    assert cli.main(["report", "--db", str(db), "--out", str(rep)]) == 0
+    md = (rep / "report.md").read_text()
+    assert "0 measured" not in md and "2 measured rows" in md
+    assert "| decode | cupy | 64 | -10 |" in md  # paged's 90 over arena's 100
+
+
+def test_report_of_the_shipped_profile(tmp_path):
+    from drafter_attn.kernels.shipped import find_default
+
+    shipped = find_default(90, ("db",))
+    if shipped is None:
+        pytest.skip("no shipped profiles/sm90.db")
+    assert cli.main(["report", "--sm", "90", "--db", str(shipped), "--out", str(tmp_path)]) == 0
+    assert "## SM 90, NVIDIA H200" in (tmp_path / "report.md").read_text()
+
+
 def test_report_sections_per_geometry(faked_decode, fake_bench, tmp_path):
     # a sliding-window preset and a custom geometry in the same database: sections of their own
     db, rep = tmp_path / "p.db", tmp_path / "rep"
