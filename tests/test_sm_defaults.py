@@ -298,3 +298,48 @@ def test_split_planning_counts_the_sms_shared_memory():
     mod = cb.Module(None, None, None, smem=87040, regs=227, threads=128)
     assert mod.resident_ctas() == 2  # 228 KB an SM: two 86 KB CTAs
     assert mod.resident_ctas(cb.SM_BUDGETS[120].smem_sm) == 1  # 100 KB: one
+
+
+# -- on the GPU: the other SMs' default pipelines, run on this one ----------------------------
+
+
+def _pipelines():
+    """Each distinct default K/V pipeline of an SM other than 90, as the mma.sync parameters an
+    SM without wgmma runs (32 x 5 and 32 x 6 with NVRTC 13.5's targets)."""
+    return sorted({(b.tile_n, b.stages) for b in cb.SM_BUDGETS.values()} - {(64, 3)})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cupy", "cutlass"])
+@pytest.mark.parametrize("tile,stages", _pipelines())
+@pytest.mark.parametrize("layout,page", [("paged", 16), ("paged", 64), ("arena", None)])
+def test_other_sms_default_pipelines_match_the_reference(monkeypatch, backend, tile, stages,
+                                                         layout, page):
+    """The defaults of SM 107/110 (32 x 6) and of the 99 KB targets (32 x 5), on mma.sync as
+    those GPUs run them, against the reference on this GPU: every preset for cupy, the main
+    preset for cutlass (CuTe compiles are slow)."""
+    from drafter_attn.kernels import reference
+    from drafter_attn.kernels.cache import random_arena_context, random_paged_context
+
+    monkeypatch.setattr(nvrtc, "supported_sms", nvrtc.supported_sms.__wrapped__)  # the real list
+    presets = PRESETS if backend == "cupy" else {MAIN_PRESET: PRESETS[MAIN_PRESET]}
+    for name, g in presets.items():
+        problem = Problem(g, layout, page, 4, 4097)
+        warps = cb.num_warps(g.block_size, g.group)
+        if warps > 8:
+            continue  # the many-warp defaults are SM 90's too: the backend tests run them
+        impl = registry.get(backend).with_params(tile_n=tile, stages=stages, wgmma=False)
+        assert impl.supports(problem) is None, name
+        gen = torch.Generator().manual_seed(tile * stages)
+        lens = [0, 63, 700, 4097]
+        q, kb, vb = (torch.randn(len(lens), g.block_size, h, g.head_dim, generator=gen)
+                     .to("cuda", g.torch_dtype) for h in (g.num_q_heads, g.num_kv_heads, g.num_kv_heads))
+        if layout == "paged":
+            cache = random_paged_context(g, lens, page, "cuda", gen)
+            out, ref = impl.paged_attention(q, kb, vb, *cache), reference.paged_attention(q, kb, vb, *cache)
+        else:
+            cache = random_arena_context(g, lens, max(lens) + 5, "cuda", gen)
+            out, ref = impl.arena_attention(q, kb, vb, *cache), reference.arena_attention(q, kb, vb, *cache)
+        torch.cuda.synchronize()
+        rel = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+        assert torch.isfinite(out).all() and rel < 1e-2, (name, rel)
