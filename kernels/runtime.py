@@ -150,13 +150,8 @@ class Runtime:
             ...                    mask="sliding", window=64).shape
             torch.Size([2, 16, 32, 128])
         """
-        args = (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens)
-        if torch.compiler.is_compiling():
-            return ops.paged_attention(*args, mask=mask, window=window, scale=scale,
-                                       backend=self.op_backend, max_ctx=max_ctx)
-        b = self._attention_binding("paged", args, mask, window, scale, max_ctx)
-        return b.backend.paged_attention(*args, mask=mask, window=window, scale=scale,
-                                         **hint_kwargs(max_ctx))
+        return self._attend("paged", (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens), mask, window,
+                            scale, max_ctx)
 
     def arena_attention(self, q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *,
                         mask="full", window=None, scale=None, max_ctx=None):
@@ -172,13 +167,8 @@ class Runtime:
             >>> rt.arena_attention(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens).dtype
             torch.bfloat16
         """
-        args = (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens)
-        if torch.compiler.is_compiling():
-            return ops.arena_attention(*args, mask=mask, window=window, scale=scale,
-                                       backend=self.op_backend, max_ctx=max_ctx)
-        b = self._attention_binding("arena", args, mask, window, scale, max_ctx)
-        return b.backend.arena_attention(*args, mask=mask, window=window, scale=scale,
-                                         **hint_kwargs(max_ctx))
+        return self._attend("arena", (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens), mask, window,
+                            scale, max_ctx)
 
     def store_paged(self, k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens) -> None:
         """Context store into pages, in place: rows j < num_new[b] go to positions
@@ -222,6 +212,17 @@ class Runtime:
         b.backend.store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens)
 
     # -- internals -------------------------------------------------------------------------
+    def _attend(self, layout, args, mask, window, scale, max_ctx):
+        """`{layout}_attention` of the pick for these shapes; while torch.compile traces, the
+        custom op of the same name running this Runtime (`op_backend`) inside."""
+        fn = f"{layout}_attention"
+        if torch.compiler.is_compiling():
+            return getattr(ops, fn)(*args, mask=mask, window=window, scale=scale,
+                                    backend=self.op_backend, max_ctx=max_ctx)
+        b = self._attention_binding(layout, args, mask, window, scale, max_ctx)
+        return getattr(b.backend, fn)(*args, mask=mask, window=window, scale=scale,
+                                      **hint_kwargs(max_ctx))
+
     def _device_sm(self, device) -> int | None:
         if self.sm is not None:
             return self.sm
