@@ -81,15 +81,15 @@ class Params:
 
 def smem_bytes(tile_n: int, stages: int, head_dim: int, warps: int, q_smem: bool,
                wgmma: bool = False) -> int:
-    """Dynamic shared memory of the CuTe kernel (mirrors kQAlias/kQOffset in the source):
-    `stages` x (K + V tiles of tile_n rows), plus the Q tile of 16 * warps rows unless it
-    borrows the last stage (Q held in registers and small enough); rows of head_dim + 8
-    elements (16 bytes of padding, as in the cupy kernel), or head_dim with wgmma (swizzled
-    GMMA layouts)."""
+    """Dynamic shared memory of the CuTe kernel (mirrors kQRegs/kQAlias/kQOffset in the
+    source): `stages` x (K + V tiles of tile_n rows), plus the Q tile of 16 * warps rows unless
+    it borrows the last stage (Q held in registers, which only the mma.sync path does, and small
+    enough); rows of head_dim + 8 elements (16 bytes of padding, as in the cupy kernel), or
+    head_dim with wgmma (swizzled GMMA layouts; Q re-read from its own tile every KV tile)."""
     row = head_dim if wgmma else head_dim + 8
     stage = 2 * tile_n * row
     q_tile = 16 * warps * row
-    alias = not q_smem and q_tile <= stage
+    alias = not q_smem and not wgmma and q_tile <= stage
     return 2 * (stages * stage + (0 if alias else q_tile))
 
 
@@ -121,14 +121,10 @@ def supports(problem: Problem, params: Params | None = None, sm: int | None = No
     reason = cb.problem_reason(problem, params.tile_n, HEAD_DIMS, PAGE_SIZES, MAX_ROWS)
     if reason:
         return reason
-    if params.wgmma and (g.head_dim == 64 or (params.tile_n == g.head_dim and not params.q_smem)):
-        # Wrong results on the H200 (issue 19: relative errors 0.06-0.62 at head_dim 64, every
-        # mask and layout); the suspected cause, Q's loop-carried registers reused for P when the
-        # two fragments match in size, awaits a GPU check of its fix. Refused until then.
-        return (f"wgmma=True gives wrong results at head_dim {g.head_dim} with tile_n "
-                f"{params.tile_n} (issue 19); use wgmma=False (the default) here")
     warps = num_warps(g.block_size, g.group)
-    need = smem_bytes(params.tile_n, params.stages, g.head_dim, warps, params.q_smem)  # >= wgmma's
+    # with wgmma=True both kernels may run (mma.sync where the warpgroup path cannot): both fit
+    need = max(smem_bytes(params.tile_n, params.stages, g.head_dim, warps, params.q_smem, wgmma)
+               for wgmma in {False, bool(params.wgmma)})
     reason = cb.smem_limit_reason(need, sm)
     if reason:
         return f"tile_n={params.tile_n} stages={params.stages} q_smem={params.q_smem} {reason}"

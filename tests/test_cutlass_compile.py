@@ -4,7 +4,9 @@ The main preset's default variants (paged 64 and arena) are compiled once per se
 sm_100 and sm_103, plus its warpgroup-MMA variants (wgmma=True) for sm_90a (the on-disk cubin
 cache makes later runs instant); every kernel must be free of spills, and the SASS (cuobjdump
 -sass) must hold tensor-core MMAs (HMMA, or HGMMA for wgmma), the cp.async and ldmatrix the CuTe
-atoms stand for, and no trap instruction.
+atoms stand for, and no trap instruction. Host-side nvcc builds of tests/cute_layout_check.cu
+check the gather partitions and what the MMAs read; the wgmma SASS of the shapes where Q and P
+have one fragment size is checked for Q's registers surviving the KV loop (issue #19).
 """
 
 from __future__ import annotations
@@ -97,9 +99,9 @@ def test_no_spills(compiled):
     for r in compiled:
         if r["kernel"] == "drafter_attention":
             assert 0 < r["registers"] <= 255
-            # 3 stages x (K + V) 64 x (128 + 8) (padded rows) or 64 x 128 (swizzled, wgmma);
-            # Q borrows the third stage
-            assert r["smem_dynamic"] == (98304 if _wgmma(r) else 104448)
+            # 3 stages x (K + V) 64 x (128 + 8) (padded rows; Q borrows the third stage) or
+            # 64 x 128 (swizzled, wgmma; plus the 64 x 128 Q tile, re-read for every KV tile)
+            assert r["smem_dynamic"] == (98304 + 16384 if _wgmma(r) else 104448)
 
 
 def test_sass_has_tensor_cores_and_no_trap(compiled):
@@ -117,8 +119,10 @@ def test_sass_has_tensor_cores_and_no_trap(compiled):
 
 
 # (HEAD_DIM, TILE_N, NUM_WARPS, STAGES, Q_SMEM, WGMMA): the main preset's mma.sync and wgmma
-# variants and the 9-warp default (32-key tiles, Q in shared memory, 8 threads that do not load)
-LAYOUT_CASES = [(128, 64, 4, 3, 0, 0), (128, 32, 9, 3, 1, 0), (128, 64, 4, 3, 0, 1)]
+# variants, the 9-warp default (32-key tiles, Q in shared memory, 8 threads that do not load) and
+# the wgmma variants at head_dim 64 (one 128-byte swizzle atom per row; 1 and 2 warpgroups)
+LAYOUT_CASES = [(128, 64, 4, 3, 0, 0), (128, 32, 9, 3, 1, 0), (128, 64, 4, 3, 0, 1),
+                (64, 64, 4, 3, 0, 1), (64, 64, 8, 3, 0, 1)]
 
 
 def _nvcc() -> str | None:
@@ -134,10 +138,9 @@ def _nvcc() -> str | None:
     return str(path) if path.exists() else None
 
 
-@pytest.mark.parametrize("case", LAYOUT_CASES, ids=lambda c: "d{}-n{}-w{}-s{}-q{}-wg{}".format(*c))
-def test_gather_partitions_match_the_smem_layouts(case):
-    """Built for the host with nvcc (cached by content): the CuTe copy partitions the kernel's
-    gathers use put every row where its layouts (and the page-id lookup) expect."""
+def _nvcc_build(folder: str, source: Path, defines: list[str], extra: tuple[str, ...] = ()) -> Path:
+    """nvcc output for `source` (the kernel headers on the include path), cached by content
+    under the cubin cache's parent; skips the test without nvcc."""
     import hashlib
 
     from drafter_attn.kernels import cutlass_backend as kb
@@ -145,27 +148,165 @@ def test_gather_partitions_match_the_smem_layouts(case):
 
     nvcc = _nvcc()
     if nvcc is None:
-        pytest.skip("nvcc not found (the CUDA toolkit builds the host-side layout check)")
-    check = Path(__file__).with_name("cute_layout_check.cu")
-    names = ("HEAD_DIM", "TILE_N", "NUM_WARPS", "STAGES", "Q_SMEM", "WGMMA")
-    defines = [f"-D{k}={v}" for k, v in zip(names, case)] + ["-DPAGE_SIZE=64", "-DDTYPE_BF16=1"]
-    digest = hashlib.sha256()
-    for path in (check, CUDA_SRC_DIR / kb.SOURCE, CUDA_SRC_DIR / "combine_store.cuh",
-                 CUDA_SRC_DIR / "common.cuh"):
+        pytest.skip("nvcc not found (the CUDA toolkit builds this check)")
+    digest = hashlib.sha256(source.read_bytes())
+    for path in sorted(CUDA_SRC_DIR.glob("*.cu*")):
         digest.update(path.read_bytes())
-    digest.update(" ".join(defines + [kb.header_identity()]).encode())
-    exe = cache_dir().parent / "layout_check" / f"check-{digest.hexdigest()[:20]}"
-    if not exe.exists():
-        exe.parent.mkdir(parents=True, exist_ok=True)
-        tmp = exe.with_suffix(f".tmp{os.getpid()}")
+    toolchain = [os.path.realpath(nvcc), kb.header_identity()]
+    digest.update(" ".join([*defines, *extra, *toolchain]).encode())
+    out = cache_dir().parent / folder / f"{source.stem}-{digest.hexdigest()[:20]}"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".tmp{os.getpid()}")
         build = subprocess.run(
             [nvcc, "-std=c++17", "-w", "-arch=sm_90a", f"-I{kb.include_dir()}",
-             f"-I{CUDA_SRC_DIR}", *defines, "-o", str(tmp), str(check)],
-            capture_output=True, text=True, timeout=600)
+             f"-I{CUDA_SRC_DIR}", *defines, *extra, "-o", str(tmp), str(source)],
+            capture_output=True, text=True, timeout=900)
         assert build.returncode == 0, build.stderr[-4000:]
-        os.replace(tmp, exe)
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+        os.replace(tmp, out)
+    return out
+
+
+@pytest.mark.parametrize("case", LAYOUT_CASES, ids=lambda c: "d{}-n{}-w{}-s{}-q{}-wg{}".format(*c))
+def test_gather_partitions_match_the_smem_layouts(case):
+    """Built for the host with nvcc (cached by content): the CuTe copy partitions the kernel's
+    gathers use put every row where its layouts (and the page-id lookup) expect, and the MMAs
+    read what the kernel means them to (with wgmma: K and V through the GMMA descriptors, Q
+    through ldmatrix, emulated from the PTX ISA's layouts)."""
+    names = ("HEAD_DIM", "TILE_N", "NUM_WARPS", "STAGES", "Q_SMEM", "WGMMA")
+    defines = [f"-D{k}={v}" for k, v in zip(names, case)] + ["-DPAGE_SIZE=64", "-DDTYPE_BF16=1"]
+    exe = _nvcc_build("layout_check", Path(__file__).with_name("cute_layout_check.cu"), defines)
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+_SASS_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Za-z0-9_.]+)\s*([^;]*);")
+_NO_DEST = ("ST", "LDGSTS", "BRA", "BAR", "EXIT", "RET", "WARPSYNC", "BSSY", "BSYNC", "DEPBAR",
+            "LDGDEPBAR", "MEMBAR", "FENCE", "WARPGROUP", "NOP", "CALL", "YIELD", "RED", "CCTL")
+
+
+def _written_registers(op: str, operands: list[str]) -> set[int]:
+    """General registers an instruction writes (its first operand, with the width the opcode
+    implies; SHFL's comes after its predicate)."""
+    if op.startswith(_NO_DEST) or not operands:
+        return set()
+    dest = operands[1] if op.startswith("SHFL") and len(operands) > 1 else operands[0]
+    m = re.fullmatch(r"R(\d+)(?:\.reuse)?", dest)
+    if not m:
+        return set()
+    if op.startswith("HGMMA"):
+        width = int(re.search(r"64x(\d+)x", op).group(1)) // 2  # fp32 accumulators
+    elif op.startswith("LDSM"):
+        width = int(op[-1]) if op[-1].isdigit() else 1
+    elif ".128" in op:
+        width = 4
+    elif ".64" in op or op.startswith("IMAD.WIDE"):
+        width = 2
+    else:
+        width = 1
+    return set(range(int(m.group(1)), int(m.group(1)) + width))
+
+
+def q_operand_clobbers(sass: str) -> list[str]:
+    """For drafter_attention with wgmma: the registers S = Q K^T reads Q from (the A operands of
+    the HGMMAs without .tnspB) must hold Q whenever the KV loop (the backward branch around
+    them) comes back to them. Either an ldmatrix reloads each of them in the loop before the
+    first S HGMMA, or nothing in the loop writes it. Returns the violations."""
+    instrs, func = [], None
+    for line in sass.splitlines():
+        if m := re.search(r"Function : (\S+)", line):
+            func = m.group(1)
+        elif func == "drafter_attention" and (m := _SASS_INSTR.search(line)):
+            operands = [t.strip() for t in m.group(3).split(",")]
+            instrs.append((int(m.group(1), 16), m.group(2), operands))
+    s_mma = [(a, ops) for a, op, ops in instrs
+             if op.startswith("HGMMA") and not any("tnspB" in t for t in ops)]
+    assert s_mma, "no S = Q K^T HGMMA in drafter_attention"
+    first, last = s_mma[0][0], s_mma[-1][0]
+    q_regs = set()
+    for _, ops in s_mma:
+        base = int(re.match(r"R(\d+)", ops[1]).group(1))
+        q_regs |= set(range(base, base + 4))  # 8 bf16/fp16 of a 64x16 A fragment per thread
+    loops = [(a, int(ops[0], 16)) for a, op, ops in instrs
+             if op == "BRA" and a > last and ops[0].startswith("0x") and int(ops[0], 16) <= first]
+    assert loops, "no KV loop around the S HGMMAs"
+    head, latch = min(t for _, t in loops), max(a for a, _ in loops)
+    last_write = {}
+    for a, op, ops in instrs:
+        if head <= a < first:
+            for r in _written_registers(op, ops) & q_regs:
+                last_write[r] = op
+    bad = []
+    for r in sorted(q_regs):
+        if r in last_write:
+            if not last_write[r].startswith("LDSM"):
+                bad.append(f"R{r} is set by {last_write[r]}, not reloaded, before S")
+            continue
+        writes = [f"{a:#x} {op} {', '.join(ops)}" for a, op, ops in instrs
+                  if head <= a <= latch and r in _written_registers(op, ops)]
+        if writes:
+            bad.append(f"R{r} (Q, loaded before the KV loop) is overwritten in it: {writes[0]}")
+    return bad
+
+
+def test_q_operand_check_on_sass_listings():
+    """The SASS check itself, on hand-written listings: Q held across the loop and overwritten by
+    P's packing (the NVRTC/ptxas 13.0 build of issue #19), kept intact, and reloaded per tile."""
+    def listing(body):
+        return "\n".join(["        Function : drafter_attention"] + [
+            f"        /*{a:04x}*/                   {text} ;" for a, text in body])
+
+    loaded_once = [(0x100, "LDSM.16.M88.4 R88, [R27]"), (0x110, "LDSM.16.M88.4 R92, [R28]"),
+                   (0x200, "DEPBAR.LE SB0, 0x1"),
+                   (0x300, "HGMMA.64x64x16.F32.BF16 R24, R88, gdesc[UR20], RZ, !UPT"),
+                   (0x310, "HGMMA.64x64x16.F32.BF16 R24, R92, gdesc[UR20], R24, gsb0")]
+    clobbered = loaded_once + [(0x400, "F2FP.BF16.F32.PACK_AB R88, R25, R24"),
+                               (0x410, "F2FP.BF16.F32.PACK_AB R89, R27, R26"),
+                               (0x500, "HGMMA.64x64x16.F32.BF16 R56, R88, gdesc[UR20].tnspB, R56"),
+                               (0x600, "@!P3 BRA 0x200")]
+    kept = loaded_once + [(0x400, "F2FP.BF16.F32.PACK_AB R104, R25, R24"),
+                          (0x500, "HGMMA.64x64x16.F32.BF16 R56, R104, gdesc[UR20].tnspB, R56"),
+                          (0x600, "@!P3 BRA 0x200")]
+    reloaded = [(0x200, "DEPBAR.LE SB0, 0x1"), (0x210, "LDSM.16.M88.4 R88, [R27]"),
+                (0x220, "LDSM.16.M88.4 R92, [R28]")] + loaded_once[3:] + clobbered[5:]
+    bad = q_operand_clobbers(listing(clobbered))
+    assert [b.split()[0] for b in bad] == ["R88", "R89"] and "0x400 F2FP" in bad[0], bad
+    assert q_operand_clobbers(listing(kept)) == []
+    assert q_operand_clobbers(listing(reloaded)) == []
+
+
+# (HEAD_DIM, TILE_N) of wgmma variants (4 warps, page 64, bf16) whose Q and P fragments have one
+# size: the shapes ptxas 13.0 gave both the same registers in (issue #19; head_dim 64 at the
+# default 64-key tiles), and the main preset's shape
+SASS_Q_CASES = [(64, 64), (128, 128), (128, 64)]
+
+
+@pytest.mark.parametrize("toolchain", ["nvrtc", "nvcc"])
+@pytest.mark.parametrize("case", SASS_Q_CASES, ids=lambda c: "d{}-n{}".format(*c))
+def test_wgmma_q_fragment_survives_the_kv_loop(case, toolchain):
+    """sm_90a SASS of the wgmma kernel, built by this environment's NVRTC (the backend's own
+    route) and by nvcc where a CUDA toolkit is installed (a second ptxas version): the registers
+    S = Q K^T reads Q from are reloaded in the KV loop or never written there. With Q held in
+    registers across the loop, the CUDA 13.0 ptxas put P in them at these shapes, and S was
+    computed from P from the second KV tile on."""
+    from drafter_attn.kernels import cutlass_backend as kb
+    from drafter_attn.kernels.nvrtc import CUDA_SRC_DIR
+
+    head_dim, tile_n = case
+    params = kb.Params(tile_n=tile_n, wgmma=True)
+    defines = kb.variant_defines("bfloat16", head_dim, 64, 16, 4, params, 90)
+    assert defines["WGMMA"] == 1 and defines["NUM_WARPS"] == 4
+    if toolchain == "nvrtc":
+        reason = _nvrtc_available()
+        if reason:
+            pytest.skip(reason)
+        cubin = str(kb.compile_variant(defines, 90).cubin_path)
+    else:
+        flags = [f"-D{k}={v}" for k, v in sorted(defines.items())]
+        cubin = str(_nvcc_build("sass_check", CUDA_SRC_DIR / kb.SOURCE, flags,
+                                ("-cubin", *kb.NVRTC_OPTIONS)))
+    bad = q_operand_clobbers(_sass(cubin))
+    assert not bad, f"{toolchain} {defines}: " + "; ".join(bad[:4])
 
 
 def test_static_profile_lists_both_backends():
@@ -219,18 +360,29 @@ def test_backend_protocol_and_supports():
     assert kb.smem_bytes(64, 3, 128, 4, False) == 3 * 2 * 64 * 136 * 2  # Q borrows stage 3
     assert kb.smem_bytes(64, 3, 128, 9, True) == (3 * 2 * 64 + 144) * 136 * 2
     assert kb.smem_bytes(32, 3, 128, 8, False) == (3 * 2 * 32 + 128) * 136 * 2  # Q too big
-    assert kb.smem_bytes(64, 3, 128, 4, False, wgmma=True) == 3 * 2 * 64 * 128 * 2  # swizzled
+    # swizzled rows, and Q in its own tile (re-read for every KV tile on the wgmma path)
+    assert kb.smem_bytes(64, 3, 128, 4, False, wgmma=True) == (3 * 2 * 64 + 64) * 128 * 2
 
 
-def test_wgmma_refuses_the_shapes_it_got_wrong():
-    """Issue 19: the CuTe wgmma path gave wrong results at head_dim 64 on the H200 (and its
-    suspected cause also hits tile_n == head_dim with Q in registers): those shapes are refused
-    with a reason (the GPU matrix checks the call raises it); the mma.sync default takes them."""
+def test_wgmma_accepts_the_shapes_issue_19_got_wrong():
+    """Issue 19: the CuTe wgmma path gave wrong results at head_dim 64 on the H200 (Q held in
+    registers across the KV loop, and ptxas gave them to P whenever tile_n == head_dim). With Q
+    re-read from shared memory per tile (test_wgmma_q_fragment_survives_the_kv_loop checks the
+    SASS; scripts/gpu_cute_check.sh the results on the H200) those shapes are accepted again, and
+    run on the warpgroup path on sm_90 rather than falling back to mma.sync."""
+    from drafter_attn.kernels import cutlass_backend as kb
+
     d64 = Problem(Geometry(8, 1, 64, 16), "paged", 16, 2, 237)
     d128 = Problem(PRESETS[MAIN_PRESET], "paged", 64, 8, 4096)
     wgmma = registry.from_spec("cutlass:wgmma=1")
-    assert "issue 19" in wgmma.supports(d64)
-    assert wgmma.supports(d128) is None
-    assert "tile_n 128" in wgmma.with_params(tile_n=128).supports(d128)
-    assert wgmma.with_params(tile_n=128, q_smem=True).supports(d128) is None
-    assert registry.get("cutlass").supports(d64) is None
+    for backend, problem in [(wgmma, d64), (wgmma, d128), (wgmma.with_params(tile_n=128), d128),
+                             (wgmma.with_params(tile_n=128, q_smem=True), d128),
+                             (registry.get("cutlass"), d64)]:
+        assert backend.supports(problem) is None, (backend, problem)
+        assert backend.supports(problem, sm=90) is None, (backend, problem)
+    g = d64.geometry
+    params = wgmma.params_for(d64)
+    assert params.wgmma and params.tile_n == 64 == g.head_dim and not params.q_smem
+    defines = kb.variant_defines(g.dtype, g.head_dim, d64.page_size, g.block_size, g.group,
+                                 params, 90)
+    assert defines["WGMMA"] == 1

@@ -21,12 +21,13 @@
 // page-table gather needs a per-row address anyway.
 //
 // Defines (NVRTC -D): DTYPE_BF16, HEAD_DIM (multiple of 16), PAGE_SIZE (0 = arena), TILE_N,
-// NUM_WARPS, STAGES, Q_SMEM (Q re-read from shared memory per tile instead of held in registers),
-// MIN_CTAS (occupancy the register allocation must fit).
+// NUM_WARPS, STAGES, Q_SMEM (Q re-read from shared memory per tile instead of held in registers;
+// the WGMMA path always re-reads it, see kQRegs), MIN_CTAS (occupancy the register allocation
+// must fit).
 // Shared memory (dynamic): STAGES x (K tile + V tile) of TILE_N rows, plus the NUM_WARPS*16-row
-// Q tile, rows of HEAD_DIM + 8 elements; without Q_SMEM the Q tile borrows the last pipeline
-// stage when it fits there (it is moved to registers before that stage is first written). The
-// host mirrors this in kernels/cutlass_backend.py:smem_bytes.
+// Q tile, rows of HEAD_DIM + 8 elements (HEAD_DIM with WGMMA); when Q is held in registers the Q
+// tile borrows the last pipeline stage if it fits there (it is moved to registers before that
+// stage is first written). The host mirrors this in kernels/cutlass_backend.py:smem_bytes.
 #include "variant.cuh"
 
 #include <cute/tensor.hpp>
@@ -76,7 +77,17 @@ constexpr int kQIters = kM / kQRows;
 constexpr int kRowStride = WGMMA ? kD : kD + 8;
 constexpr int kTileElems = kN * kRowStride;
 constexpr int kStageElems = 2 * kTileElems;
-constexpr bool kQAlias = !Q_SMEM && kM * kRowStride <= kStageElems;
+// Q held in registers across the KV loop: the mma.sync path without Q_SMEM only. The wgmma path
+// re-reads Q from shared memory for every tile (ldmatrix, then S's A operand), so no A operand of
+// a warpgroup MMA lives across the loop's back edge. With the CUDA 13.0 ptxas (NVRTC 13.0, as on
+// the H200) such a loop-carried Q fragment was given the registers of P (the A operand of O = P V)
+// whenever the two fragments have the same size, TILE_N == HEAD_DIM (the default 64-key tiles at
+// head_dim 64; 128-key tiles at 128): from the second tile on S was computed from P instead of Q
+// (issue #19). A fragment defined in the iteration, like P, is allocated correctly.
+// tests/test_cutlass_compile.py checks the SASS: Q's registers are reloaded in the loop, or never
+// written there.
+constexpr bool kQRegs = !Q_SMEM && !WGMMA;
+constexpr bool kQAlias = kQRegs && kM * kRowStride <= kStageElems;
 constexpr int kQOffset = kQAlias ? (kStages - 1) * kStageElems : kStages * kStageElems;
 
 static_assert(kD % 16 == 0, "HEAD_DIM must be a multiple of 16");
@@ -308,7 +319,7 @@ __device__ __forceinline__ void cute_attention_body(
   const int r0 = get<0>(cS(0)), r1 = r0 + 8;
   const int i0 = min(r0 / group, qb - 1), i1 = min(r1 / group, qb - 1);
 
-#if !Q_SMEM
+#if !Q_SMEM && !WGMMA
   // Q to registers once: wait for the Q group only (the K/V groups stay in flight).
   cp_async_wait<kStages - 1>();
   __syncthreads();
@@ -338,10 +349,9 @@ __device__ __forceinline__ void cute_attention_body(
 #if WGMMA
     if ((warp >> 2) * 64 >= M) continue;  // a warpgroup with no query rows only helps load
 
-    // S = Q K^T (64 rows x kN keys per warpgroup), K read by the MMA from shared memory
-#if Q_SMEM
+    // S = Q K^T (64 rows x kN keys per warpgroup), K read by the MMA from shared memory; Q
+    // re-read for every tile (kQRegs is false here)
     copy(s2r_q, tSsQ, tSrQ_v);
-#endif
     Tensor tSrK = thr_s.partition_fragment_B(
         make_tensor(make_smem_ptr(smem + stage * kStageElems), SmemKV{}));  // descriptors
     warpgroup_fence_operand(tSrQ);
