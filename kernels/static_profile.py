@@ -133,22 +133,103 @@ def parse_sass(text: str) -> dict[str, dict]:
     return {k: {"mma": "+".join(sorted(v["mma"])), "traps": v["traps"]} for k, v in out.items()}
 
 
+def sass_text(cubin: str, function: str | None = None) -> str | None:
+    """`cuobjdump -sass` of a cubin (one function with `function`); None without cuobjdump."""
+    tool = cuobjdump_path()
+    if tool is None:
+        return None
+    # cuobjdump -sass runs nvdisasm, which the wheels put beside it
+    env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    args = [tool, "-sass", *(["-fun", function] if function else []), cubin]
+    res = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    if res.returncode != 0:
+        raise RuntimeError(f"cuobjdump -sass {cubin} failed: {res.stderr.strip()}")
+    return res.stdout
+
+
+_SASS_INS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;?\s*/\* (0x[0-9a-f]{16}) \*/")
+_SASS_HI = re.compile(r"^\s*/\* (0x[0-9a-f]{16}) \*/")
+
+
+def sass_instructions(text: str) -> dict[str, list[dict]]:
+    """Per function of a `cuobjdump -sass` listing, its instructions with their scheduling control
+    bits (sm_70 and later: bits 105-125 of the 128-bit word, as reverse-engineered by Jia et al.,
+    "Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking"): `stall` cycles, the
+    scoreboard the instruction sets when its result lands (`wsb`, 0-5; None: none), the one it
+    sets when its operands are read (`rsb`), and the scoreboards it waits for first (`wait`, a
+    set of 0-5)."""
+    out: dict[str, list[dict]] = {}
+    current = None
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if m := _SASS_FUNC.search(line):
+            current = out.setdefault(m[1], [])
+            continue
+        m = _SASS_INS.search(line)
+        if current is None or m is None or i + 1 >= len(lines):
+            continue
+        hi = _SASS_HI.search(lines[i + 1])
+        if hi is None:
+            continue
+        ctrl = int(hi[1], 16) >> 41
+        wsb, rsb = (ctrl >> 5) & 7, (ctrl >> 8) & 7
+        current.append(dict(addr=int(m[1], 16), text=m[2].strip(), stall=ctrl & 0xF,
+                            wsb=None if wsb == 7 else wsb, rsb=None if rsb == 7 else rsb,
+                            wait={b for b in range(6) if (ctrl >> 11) >> b & 1}))
+    return out
+
+
+def main_loop(instrs: list[dict]) -> list[dict]:
+    """The instructions of the kernel's tile loop: the longest range a backward branch closes
+    that holds a CTA barrier (BAR.SYNC); [] when there is none."""
+    best: list[dict] = []
+    for ins in instrs:
+        m = re.search(r"\bBRA (0x[0-9a-f]+)", ins["text"])
+        if m and int(m[1], 16) < ins["addr"]:
+            body = [x for x in instrs if int(m[1], 16) <= x["addr"] <= ins["addr"]]
+            if len(body) > len(best) and any("BAR.SYNC" in x["text"] for x in body):
+                best = body
+    return best
+
+
+def loop_global_loads(text: str, function: str = "drafter_attention") -> dict:
+    """What the tile loop of `function` loads from global memory into registers, beside its
+    cp.async tile loads: `ldg` (LDG instructions: the page-id lookups of the paged kernels),
+    `ldgsts` (cp.async), and `arrive_waits_on_ldg`, the WARPGROUP.ARRIVEs (wgmma fences) that
+    wait for a scoreboard one of those LDGs sets: a warpgroup MMA stalled behind a global load
+    round trip on every tile (page 16 on the wgmma path before its fix,
+    results/perf-notes.md)."""
+    loop = main_loop(sass_instructions(text).get(function, []))
+    ldg = [x for x in loop if re.search(r"\bLDG\.", x["text"])]
+    sbs = {x["wsb"] for x in ldg} - {None}
+    arrive = [x for x in loop if "WARPGROUP.ARRIVE" in x["text"]]
+    return dict(loop_instructions=len(loop), ldg=len(ldg),
+                ldgsts=sum("LDGSTS" in x["text"] for x in loop),
+                arrive=len(arrive), arrive_waits_on_ldg=sum(bool(x["wait"] & sbs) for x in arrive))
+
+
+def sass_digest(text: str, function: str = "drafter_attention") -> str:
+    """sha256 of one function's instructions (addresses, mnemonics and encodings, control bits
+    included): equal digests, byte-identical code."""
+    import hashlib
+
+    body = [f"{x['addr']:x} {x['text']} {x['stall']} {x['wsb']} {x['rsb']} {sorted(x['wait'])}"
+            for x in sass_instructions(text).get(function, [])]
+    if not body:
+        raise ValueError(f"no SASS for {function}")
+    return hashlib.sha256("\n".join(body).encode()).hexdigest()
+
+
 def sass_summary(cubin: str) -> dict[str, dict] | None:
     """parse_sass of a cubin, kept beside it (cubin names are content hashes); None without
     cuobjdump."""
     side = Path(f"{cubin}.sass.json")
     if side.exists():
         return json.loads(side.read_text())
-    tool = cuobjdump_path()
-    if tool is None:
+    text = sass_text(cubin)
+    if text is None:
         return None
-    # cuobjdump -sass runs nvdisasm, which the wheels put beside it
-    env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    res = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, env=env,
-                         timeout=300)
-    if res.returncode != 0:
-        raise RuntimeError(f"cuobjdump -sass {cubin} failed: {res.stderr.strip()}")
-    summary = parse_sass(res.stdout)
+    summary = parse_sass(text)
     tmp = side.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(summary))
     os.replace(tmp, side)

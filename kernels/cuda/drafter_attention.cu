@@ -32,6 +32,14 @@
 
 using namespace drafter;
 
+// DRAFTER_LAYOUTS_ONLY: the load-mapping helpers below, host-callable, without the kernel
+// (tests/drafter_layout_check.cu checks every tile chunk, page id and bank on the host).
+#ifdef DRAFTER_LAYOUTS_ONLY
+#define DRAFTER_HD __host__ __device__
+#else
+#define DRAFTER_HD __device__
+#endif
+
 namespace {
 constexpr int D = HEAD_DIM;
 constexpr int N = TILE_N;
@@ -56,22 +64,47 @@ constexpr int ITERS = CHUNKS / NT;
 constexpr int QUADS = N / 4;  // 4-row groups per tile
 static_assert(CHUNKS % NT == 0 && D % 64 == 0, "wgmma tile loads need whole warps and halves");
 constexpr bool GROUPED = QUADS % NUM_WARPS == 0;  // a thread's rows cover QUADS / NUM_WARPS quads
-constexpr int PG = (PAGE_SIZE == 0 || PAGE_SIZE >= N) ? 1 : (GROUPED ? QUADS / NUM_WARPS : ITERS);
-__device__ __forceinline__ int load_row(int tid, int it) {
+constexpr int QPW = GROUPED ? QUADS / NUM_WARPS : 1;  // quads a warp loads per 64-column half
+// Pages smaller than a tile (PAGE_SIZE < N, WARP_ROWS): warp w loads the QPW consecutive quads
+// [w*QPW, (w+1)*QPW) of each half instead of quads w, w + NUM_WARPS, ..., so its rows are one
+// block of 4*QPW rows (16 at 64-key tiles and 4 warps) and a thread needs one page id per tile
+// at pages >= 4*QPW, PG = 4*QPW / PAGE_SIZE below (2 at page 8). The same 4 x 128-byte row
+// segments per warp instruction and the same swizzled, conflict-free destinations: only which
+// warp loads which quad changes. Pages >= N keep the interleaved mapping (and their SASS).
+constexpr bool WARP_ROWS = PAGE_SIZE > 0 && PAGE_SIZE < N && GROUPED;
+constexpr int PG = (PAGE_SIZE == 0 || PAGE_SIZE >= N) ? 1
+                   : WARP_ROWS ? (4 * QPW > PAGE_SIZE ? 4 * QPW / PAGE_SIZE : 1)
+                               : ITERS;
+DRAFTER_HD __forceinline__ int load_row(int tid, int it) {
+  if (WARP_ROWS) return ((tid >> 5) * QPW + it % QPW) * 4 + ((tid >> 3) & 3);
   return (((tid >> 5) + NUM_WARPS * it) % QUADS) * 4 + ((tid >> 3) & 3);
 }
-__device__ __forceinline__ int load_col(int tid, int it) {
+DRAFTER_HD __forceinline__ int load_col(int tid, int it) {
+  if (WARP_ROWS) return ((it / QPW) * 8 + (tid & 7)) * 8;
   return ((((tid >> 5) + NUM_WARPS * it) / QUADS) * 8 + (tid & 7)) * 8;
 }
-__device__ __forceinline__ int tile_off(int row, int col) {
+DRAFTER_HD __forceinline__ int tile_off(int row, int col) {
   const int c = col >> 3;
   return (c >> 3) * HALF_ELEMS + row * 64 + (((c & 7) ^ (row & 7)) << 3);
 }
 // first row of the page-id slot j of this thread (4 rows of a quad share a page: PS >= 8)
-__device__ __forceinline__ int page_row(int tid, int j) {
+DRAFTER_HD __forceinline__ int page_row(int tid, int j) {
+  if (WARP_ROWS) return (tid >> 5) * QPW * 4 + j * PAGE_SIZE;
   return GROUPED ? (((tid >> 5) + NUM_WARPS * j) % QUADS) * 4 : load_row(tid, j);
 }
-__device__ __forceinline__ int page_slot(int it) { return PG == 1 ? 0 : (GROUPED ? it % PG : it); }
+DRAFTER_HD __forceinline__ int page_slot(int it) {
+  if (WARP_ROWS) return PG == 1 ? 0 : (it % QPW) * 4 / PAGE_SIZE;
+  return PG == 1 ? 0 : (GROUPED ? it % PG : it);
+}
+// Page ids a thread holds between its lookup and the tile's issue: PGR. With WARP_ROWS a warp's
+// PG ids are the same in every lane, so lane j (< PG) loads id j (one table load per thread and
+// tile) and issue() takes id j from lane j with a shuffle. PG separate loads per thread, in flight
+// across the math, made ptxas wait for them at the QK^T WARPGROUP.ARRIVE: every tile paid a
+// table round trip (results/perf-notes.md, "Page 16 on the wgmma path").
+constexpr int PGR = WARP_ROWS ? 1 : PG;
+DRAFTER_HD __forceinline__ int lookup_row(int tid, int j) {
+  return WARP_ROWS ? page_row(tid, PG == 1 ? 0 : (tid & 31) % PG) : page_row(tid, j);
+}
 #else
 constexpr int TILE_ELEMS = N * ROW_STRIDE;
 // Load mapping. CONTIG: CPR threads share a row (coalesced), and each thread walks ITERS
@@ -81,15 +114,17 @@ constexpr bool CONTIG = NT % CPR == 0 && N % (NT / CPR) == 0;
 constexpr int ITERS = CONTIG ? N / (NT / CPR) : (CHUNKS + NT - 1) / NT;
 // Page ids a thread needs per tile: one when its rows never cross a page, else one per row.
 constexpr int PG = (PAGE_SIZE == 0 || PAGE_SIZE >= N || (CONTIG && PAGE_SIZE >= ITERS)) ? 1 : ITERS;
-__device__ __forceinline__ int load_row(int tid, int it) {
+DRAFTER_HD __forceinline__ int load_row(int tid, int it) {
   return CONTIG ? (tid / CPR) * ITERS + it : (tid + it * NT) / CPR;
 }
-__device__ __forceinline__ int load_col(int tid, int it) { return (tid % CPR) * 8; }
-__device__ __forceinline__ int tile_off(int row, int col) { return row * ROW_STRIDE + col; }
-__device__ __forceinline__ int page_row(int tid, int j) {
+DRAFTER_HD __forceinline__ int load_col(int tid, int it) { return (tid % CPR) * 8; }
+DRAFTER_HD __forceinline__ int tile_off(int row, int col) { return row * ROW_STRIDE + col; }
+DRAFTER_HD __forceinline__ int page_row(int tid, int j) {
   return PG == 1 ? load_row(tid, 0) : load_row(tid, j);
 }
-__device__ __forceinline__ int page_slot(int it) { return PG == 1 ? 0 : it; }
+DRAFTER_HD __forceinline__ int page_slot(int it) { return PG == 1 ? 0 : it; }
+constexpr int PGR = PG;
+DRAFTER_HD __forceinline__ int lookup_row(int tid, int j) { return page_row(tid, j); }
 #endif
 
 static_assert(D % 16 == 0 && N % 16 == 0, "tile shapes must be multiples of 16");
@@ -121,6 +156,7 @@ static_assert(NUM_WARPS % 4 == 0, "wgmma needs whole warpgroups");
 
 }  // namespace
 
+#ifndef DRAFTER_LAYOUTS_ONLY
 // The kernel's body takes the fields as parameters: __restrict__ holds for parameters only.
 __device__ __forceinline__ void attention_body(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k_blk, const elem_t* __restrict__ v_blk,
@@ -184,22 +220,32 @@ __device__ __forceinline__ void attention_body(
 #endif
 
   // ---- loaders. Tile v < n_ctx_here is context tile t0 + v; tile n_ctx_here is the block.
-  auto lookup = [&](int v, int (&pg)[PG]) {
+  auto lookup = [&](int v, int (&pg)[PGR]) {
     if (SKIP_LOADS || v >= n_ctx_here) return;
 #if PAGE_SIZE > 0
     const int kstart = (t0 + v) * N;
 #pragma unroll
-    for (int j = 0; j < PG; ++j) {
+    for (int j = 0; j < PGR; ++j) {
       // a slot's first row; its page holds all rows of the slot (kstart < P when PS >= N)
-      const int kp = kstart + (PAGE_SIZE >= N ? 0 : page_row(tid, j));
+      const int kp = kstart + (PAGE_SIZE >= N ? 0 : lookup_row(tid, j));
       pg[j] = kp < P ? trow[kp / PAGE_SIZE] : 0;  // never read table entries past P
     }
 #else
     pg[0] = trow[0];  // the slot
 #endif
   };
-  auto issue = [&](int v, int stage, const int (&pg)[PG]) {
+  auto issue = [&](int v, int stage, const int (&pgr)[PGR]) {
     if (SKIP_LOADS) return;
+#if WGMMA && PAGE_SIZE > 0 && PAGE_SIZE < TILE_N
+    int pg[PG];
+#pragma unroll
+    for (int j = 0; j < PG; ++j) {
+      if constexpr (PGR == PG) pg[j] = pgr[j];
+      else pg[j] = __shfl_sync(0xffffffffu, pgr[0], j);  // id j from lane j; every lane issues
+    }
+#else
+    const int(&pg)[PG] = pgr;
+#endif
     elem_t* dK = sK + stage * TILE_ELEMS;
     elem_t* dV = sV + stage * TILE_ELEMS;
     const bool is_block = v >= n_ctx_here;
@@ -236,10 +282,10 @@ __device__ __forceinline__ void attention_body(
 
   // Prologue: every page-id lookup first (one dependent round trip, not STAGES - 1), then the
   // first STAGES - 1 tiles.
-  // (With several page ids per thread the extra registers would spill: look up per stage.)
-  int pg[PG];
-  if (PG == 1) {
-    int pg_pro[STAGES - 1][PG];  // PG == 1 here
+  // (With several page-id registers per thread, PGR > 1, they would spill: look up per stage.)
+  int pg[PGR];
+  if (PGR == 1) {
+    int pg_pro[STAGES - 1][PGR];  // PGR == 1 here
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s)
       if (s < n_iter) lookup(s, pg_pro[s]);
@@ -470,3 +516,4 @@ __device__ __forceinline__ void attention_body(
 extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS) drafter_attention(DRAFTER_KERNEL_PARAMS) {
   attention_body(DRAFTER_BODY_ARGS);
 }
+#endif  // DRAFTER_LAYOUTS_ONLY
