@@ -312,7 +312,7 @@ def resolve_impl(option: str, problem, *, dispatcher=None, dispatcher_note: str 
             impl, params = FALLBACK_IMPL, {}
             note = summary = f"auto: kernels.dispatch failed ({type(exc).__name__}: {exc}); fell back to {FALLBACK_IMPL}"
     try:
-        full = {**registry.default_params(registry.get(impl), problem, sm), **params}
+        full = registry.resolve_params(registry.get(impl), problem, sm, params)
     except Exception:  # unavailable here: the measurement reports it as a failure
         full = dict(params)
     return ImplPick(impl, full, note, summary)

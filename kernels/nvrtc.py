@@ -59,6 +59,7 @@ class CompileResult:
     resources: dict[str, KernelResources] = field(default_factory=dict)
     seconds: float = 0.0
     cached: bool = False
+    log: str = ""  # NVRTC's log: warnings and ptxas -v (e.g. "wgmma ... serialized" notes)
 
     @property
     def spills(self) -> int:
@@ -295,7 +296,8 @@ def compile_cubin(
     if cubin_path.exists() and meta_path.exists():
         meta = json.loads(meta_path.read_text())
         res = {k: KernelResources(**v) for k, v in meta["resources"].items()}
-        return CompileResult(cubin_path, arch, options, res, meta["seconds"], cached=True)
+        return CompileResult(cubin_path, arch, options, res, meta["seconds"], cached=True,
+                             log=meta.get("log", ""))
 
     nvrtc = _nvrtc()
     t0 = time.perf_counter()
@@ -325,7 +327,7 @@ def compile_cubin(
     tmp = meta_path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(meta, indent=1))
     os.replace(tmp, meta_path)
-    return CompileResult(cubin_path, arch, options, resources, seconds, cached=False)
+    return CompileResult(cubin_path, arch, options, resources, seconds, cached=False, log=log)
 
 
 def _program_log(prog) -> str:

@@ -226,6 +226,26 @@ def default_params(backend, problem: Problem | None, sm: int | None = None) -> d
     return method(problem, sm=sm) if sm is not None and _takes_sm(method) else method(problem)
 
 
+def resolve_params(backend, problem: Problem, sm: int | None = None,
+                   overrides: dict | None = None) -> dict:
+    """Every parameter `backend` runs `problem` with on SM `sm` when bound to `overrides`. Not
+    simply the defaults updated by the overrides: a default may follow from another parameter
+    (cupy's software pipelining is on by default only where the wgmma path runs, so
+    `wgmma=False` turns it off), and backends with `params_for` resolve that themselves.
+
+    Example:
+        >>> from drafter_attn.kernels.presets import PRESETS
+        >>> p = Problem(PRESETS["qwen3-8b-dflash-b16"], "paged", 64, 8, 8192)
+        >>> [resolve_params(get("cupy"), p, 90, o)["overlap"] for o in ({}, {"wgmma": False})]
+        [2, 0]
+    """
+    overrides = dict(overrides or {})
+    bound = backend.with_params(**overrides) if overrides else backend
+    if hasattr(bound, "params_for"):
+        return dataclasses.asdict(bound.params_for(problem, sm))
+    return {**default_params(backend, problem, sm), **overrides}
+
+
 def supports(backend, problem: Problem, sm: int | None = None) -> str | None:
     """`backend.supports(problem)` on a GPU of SM `sm` (passed to backends that take it: the
     shared memory a CTA gets differs by SM)."""

@@ -22,13 +22,27 @@ from drafter_attn.kernels.spec import Geometry, Problem
 pytestmark = pytest.mark.gpu
 
 # Registry names, optionally with pinned params: "cupy" runs wgmma on sm_90 where the shape allows,
-# "cupy:wgmma=0" forces the mma.sync path everywhere; "cutlass" is the CuTe port of the same
-# algorithm (mma.sync), "cutlass:wgmma=1" its warpgroup-MMA path on sm_90 where the shape allows.
-BACKENDS = ["cupy", "cupy:wgmma=0", "cutlass", "cutlass:wgmma=1"]
+# "cupy:wgmma=0" forces the mma.sync path everywhere; "cupy:overlap=1" / "=2" software-pipeline the
+# wgmma path (sm_90a only; they refuse shapes without it, e.g. 9-warp CTAs); "cutlass" is the CuTe
+# port of the same algorithm (mma.sync), "cutlass:wgmma=1" its warpgroup-MMA path on sm_90 where
+# the shape allows.
+BACKENDS = ["cupy", "cupy:wgmma=0", "cupy:overlap=1", "cupy:overlap=2", "cutlass",
+            "cutlass:wgmma=1"]
 
 
 def _backend(spec: str):
     return registry.from_spec(spec)
+
+
+def _preset_for(impl, name: str, layout: str, page: int | None, lens) -> Geometry:
+    """PRESETS[name], or, where `impl` refuses it (the overlap variants take no 9-warp CTA such as
+    laguna's 144 rows), the same geometry with 64 query heads (G=8: 128 rows, two warpgroups),
+    which keeps its mask, window and block size."""
+    geom = PRESETS[name]
+    problem = Problem(geom, layout, page if layout == "paged" else None, len(lens), max(lens))
+    if impl.supports(problem) is None:
+        return geom
+    return geom.with_(num_q_heads=8 * geom.num_kv_heads)
 
 
 PAGE_SIZES = [8, 16, 32, 64, 128, 256]
@@ -174,9 +188,9 @@ def test_graph_replay_and_no_host_sync(backend, layout):
     """store + attention: eager under sync-debug "error", then a captured graph replays to the
     same result (the graph replays against a fresh copy of the cache state)."""
     impl = _backend(backend)
-    geom = PRESETS["laguna-dflash"]
-    gen = torch.Generator().manual_seed(7)
     lens = [100, 2049, 5]
+    geom = _preset_for(impl, "laguna-dflash", layout, 64, lens)
+    gen = torch.Generator().manual_seed(7)
     q, kb, vb = _block_inputs(geom, len(lens), gen)
     k_new, v_new, num_new = _store_inputs(geom, lens, geom.block_size, gen)
     if layout == "paged":
@@ -263,9 +277,9 @@ def test_trtllm_pool_views(backend, page):
 @pytest.mark.parametrize("layout", ["paged", "arena"])
 def test_out_buffer_is_written_and_returned(backend, layout):
     impl = _fresh(backend)
-    geom = PRESETS["laguna-dflash"]
-    gen = torch.Generator().manual_seed(11)
     lens = [100, 2049]
+    geom = _preset_for(impl, "laguna-dflash", layout, 64, lens)
+    gen = torch.Generator().manual_seed(11)
     q, kb, vb = _block_inputs(geom, len(lens), gen)
     if layout == "paged":
         cache = random_paged_context(geom, lens, 64, "cuda", gen)

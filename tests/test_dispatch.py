@@ -110,7 +110,7 @@ def test_default_tier(db):
     d = Dispatcher.load(db)
     pick = d.pick(_p(8, 2048), sm=80)  # no sm8x rows at all
     assert pick.tier == "default" and pick.impl == "cupy"
-    assert pick.params == registry.get("cupy").default_params(_p(8, 2048))
+    assert pick.params == registry.get("cupy").default_params(_p(8, 2048), sm=80)
     assert "no sm80 entry" in pick.reason
     # a shape cupy does not support: the reference
     odd = MAIN.with_(head_dim=96)

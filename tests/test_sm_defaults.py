@@ -21,6 +21,7 @@ from drafter_attn.kernels.spec import Problem
 NVRTC_13_5 = (75, 80, 86, 87, 88, 89, 90, 100, 103, 107, 110, 120, 121)
 NVRTC_13_0 = (75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121)
 MAIN = Problem(PRESETS[MAIN_PRESET], "paged", 64, 8, 4096)
+REAL_SUPPORTED_SMS = nvrtc.supported_sms  # before the autouse fixture below replaces it
 
 
 @pytest.fixture(autouse=True)
@@ -41,13 +42,16 @@ def test_every_target_has_a_budget():
 
 @pytest.mark.parametrize("sm", [90, None])
 def test_sm_90_defaults_are_the_measured_ones(sm):
-    """What the H200 measured (and sm_90a compiles) stays as it was: 64-key tiles in 3 stages,
-    16-key tiles in 6 stages with Q in shared memory above 8 warps; cutlass 32 x 3 there."""
+    """What the H200 measured (and sm_90a compiles): 64-key tiles in 3 stages, software-pipelined
+    where the wgmma path runs, 16-key tiles in 6 stages with Q in shared memory above 8 warps;
+    cutlass 32 x 3 there."""
     from drafter_attn.kernels import cutlass_backend as kb
 
     for name, problem in _problems():
-        warps = cb.num_warps(problem.geometry.block_size, problem.geometry.group)
-        want = cb.Params(16, 6, q_smem=True) if warps > 8 else cb.Params()
+        g = problem.geometry
+        warps = cb.num_warps(g.block_size, g.group)
+        pipelined = cb.DEFAULT_OVERLAP if cb.wgmma_fits(g.head_dim, warps, 64) else 0
+        want = cb.Params(16, 6, q_smem=True) if warps > 8 else cb.Params(overlap=pipelined)
         assert cb.default_params(problem, sm) == want, name
         kwant = kb.Params(32, 3, q_smem=True) if warps > 8 else kb.Params()
         assert kb.default_params(problem, sm) == kwant, name
@@ -321,7 +325,7 @@ def test_other_sms_default_pipelines_match_the_reference(monkeypatch, backend, t
     from drafter_attn.kernels import reference
     from drafter_attn.kernels.cache import random_arena_context, random_paged_context
 
-    monkeypatch.setattr(nvrtc, "supported_sms", nvrtc.supported_sms.__wrapped__)  # the real list
+    monkeypatch.setattr(nvrtc, "supported_sms", REAL_SUPPORTED_SMS)  # the installed NVRTC's list
     presets = PRESETS if backend == "cupy" else {MAIN_PRESET: PRESETS[MAIN_PRESET]}
     for name, g in presets.items():
         problem = Problem(g, layout, page, 4, 4097)

@@ -51,11 +51,11 @@ def test_shipped_sm90_specs():
         "qwen3-8b-dflash-b16", "gpt-oss-20b-dflash", "dflash2-w2048", "laguna-dflash"]
     assert full.params == rep.params and len(full.params["cupy"]) == 6
     assert full.page_sizes == rep.page_sizes == [16, 64, 128] and full.arena and not rep.arena
-    # 4 layouts x 14 (batch, ctx) of at most 2M tokens; 6 parameter sets, 5 for laguna (whose
-    # defaults already keep Q in shared memory)
+    # 4 layouts x 14 (batch, ctx) of at most 2M tokens; 6 parameter sets, 4 for laguna (whose
+    # defaults already keep Q in shared memory and, on mma.sync, have no overlap)
     assert len(full.problems()) == 4 * 4 * 14 and max(p.batch * p.ctx_len for _, p in full.problems()) == 1 << 21
-    assert len(full.candidates()) == 3 * 56 * 6 + 56 * 5 == 1288
-    assert len(rep.candidates()) == 3 * 9 * 6 + 9 * 5 == 207
+    assert len(full.candidates()) == 3 * 56 * 6 + 56 * 4 == 1232
+    assert len(rep.candidates()) == 3 * 9 * 6 + 9 * 4 == 198
     assert {c.key() for c in rep.candidates()} <= {c.key() for c in full.candidates()}
     assert all(c.target == "sm90" for c in full.candidates())
 

@@ -174,8 +174,8 @@ class SweepSpec:
                                         f"{sorted(unknown)}; {impl} tunes {sorted(known) or 'nothing'}")
                     for target in self.targets:
                         # an SM target's candidates start from that SM's defaults
-                        full = {**registry.default_params(backend, problem, target_sm(target)),
-                                **override}
+                        full = registry.resolve_params(backend, problem, target_sm(target),
+                                                       override)
                         cand = Candidate(problem, impl, tuple(sorted(full.items())), self.accepted,
                                          preset, target)
                         out.setdefault((target, cand.key()), cand)

@@ -8,7 +8,9 @@
 // per pipeline stage), NUM_WARPS (16 packed query rows per warp), STAGES (cp.async depth),
 // Q_SMEM (Q kept in shared memory instead of registers), WGMMA (sm_90a: S = QK^T and O = PV on
 // warpgroup MMAs reading K/V straight from shared memory, once per 64 rows instead of once per
-// 16-row warp; K/V stages then use the no-swizzle core-matrix layout instead of padded rows).
+// 16-row warp; K/V stages then use the no-swizzle core-matrix layout instead of padded rows),
+// OVERLAP (with WGMMA only: software-pipelined tiles, S(v+1) = Q K(v+1)^T on the tensor cores
+// while tile v's softmax runs; K and V in separate stage rings; see the #if OVERLAP block).
 //
 // One CTA = one (request b, KV head, KV split). Its Qb*G query rows (all query heads sharing the KV
 // head, for every block position) form one M-tile, so each K/V byte is read once per split and
@@ -165,8 +167,11 @@ __device__ __forceinline__ void attention_body(
     float* __restrict__ o_part, float* __restrict__ lse_part, int qb, int hq, int hkv, int group,
     int table_stride, int capacity, int loc_stride, int mask_mode, int window, float scale_log2) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // swizzle atoms: 1024 B
+  // V stages: OVERLAP keeps V(v-1) in use one tile longer than K (see the #if OVERLAP block).
+  // (Function-local: a namespace-scope constant would add a symbol to every cubin.)
+  constexpr int V_STAGES = STAGES + (OVERLAP ? 1 : 0);
   elem_t* sK = reinterpret_cast<elem_t*>(smem_raw);  // [STAGES][N][ROW_STRIDE]
-  elem_t* sV = sK + STAGES * TILE_ELEMS;
+  elem_t* sV = sK + STAGES * TILE_ELEMS;  // [V_STAGES][N][ROW_STRIDE]
 
   const int split = blockIdx.x, num_splits = gridDim.x;
   const int kvh = blockIdx.y, b = blockIdx.z, batch = gridDim.z;
@@ -194,7 +199,7 @@ __device__ __forceinline__ void attention_body(
   const int r0 = warp * 16 + g, r1 = r0 + 8;
   const int i0 = min(r0 / group, qb - 1), i1 = min(r1 / group, qb - 1);
 #if Q_SMEM
-  elem_t* sQ = sV + STAGES * TILE_ELEMS;  // [NUM_WARPS*16][ROW_STRIDE]
+  elem_t* sQ = sV + V_STAGES * TILE_ELEMS;  // [NUM_WARPS*16][ROW_STRIDE]
   for (int c = tid; c < NUM_WARPS * 16 * CPR; c += NT) {
     const int r = c / CPR, col = (c % CPR) * 8;
     const int i = min(r / group, qb - 1);
@@ -234,7 +239,7 @@ __device__ __forceinline__ void attention_body(
     pg[0] = trow[0];  // the slot
 #endif
   };
-  auto issue = [&](int v, int stage, const int (&pgr)[PGR]) {
+  auto issue = [&](int v, int kstage, int vstage, const int (&pgr)[PGR]) {
     if (SKIP_LOADS) return;
 #if WGMMA && PAGE_SIZE > 0 && PAGE_SIZE < TILE_N
     int pg[PG];
@@ -246,8 +251,8 @@ __device__ __forceinline__ void attention_body(
 #else
     const int(&pg)[PG] = pgr;
 #endif
-    elem_t* dK = sK + stage * TILE_ELEMS;
-    elem_t* dV = sV + stage * TILE_ELEMS;
+    elem_t* dK = sK + kstage * TILE_ELEMS;
+    elem_t* dV = sV + vstage * TILE_ELEMS;
     const bool is_block = v >= n_ctx_here;
     const int kstart = (t0 + v) * N;
 #pragma unroll
@@ -280,6 +285,220 @@ __device__ __forceinline__ void attention_body(
   for (int d = 0; d < DTILES; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
+#if OVERLAP
+  // ---- OVERLAP (sm_90a wgmma only): the tiles software-pipelined inside the warpgroup.
+  // Iteration v: barrier; S(v+1) = Q K(v+1)^T issued as async wgmmas; tile v's masking and
+  // online softmax on the CUDA cores while the tensor cores run S(v+1); P(v) V(v) issued, queued
+  // behind S(v+1); one wgmma.wait_group 0 at the end for both. Two S register sets: `sc` (tile
+  // v, in the softmax) and `sn` (tile v+1, in flight). The cp.async loads of tile v + STAGES go
+  // right after the S(v+1) issue (OVERLAP 1: a tile's K lands STAGES - 1 iterations ahead of its
+  // S, as without OVERLAP) or after the P V issue (OVERLAP 2: the load issue hides P V too, but
+  // the loads run about one iteration less ahead).
+  //
+  // S(v+1) needs K(v+1) while V(v) is still in use, so V gets one stage more than K: K(t) sits
+  // in K stage t % STAGES, V(t) in V stage t % (STAGES + 1), and cp.async group t loads both of
+  // tile t. Iteration v waits for group v+1 (cp.async.wait_group STAGES - 2, as without
+  // OVERLAP, because it issues tile v + STAGES instead of v + STAGES - 1) and, after the
+  // barrier, refills K stage v % STAGES (S(v) done) and V stage (v-1) % (STAGES + 1)
+  // (P(v-1)V(v-1) done): every warpgroup waited for both at the end of iteration v-1. S(v+1)
+  // reads K stage (v+1) % STAGES and P(v)V(v) V stage v % (STAGES + 1), neither of them refilled.
+  static_assert(WGMMA && STAGES >= 2 && (OVERLAP == 1 || OVERLAP == 2),
+                "OVERLAP 1 or 2 needs the wgmma path and at least two stages");
+  // Register fence: the compiler may not move accesses of `x` across it (nor across the
+  // wgmma.wait_group before it), so nothing reads an accumulator a wgmma still writes.
+  auto reg_fence = [](float& x) { asm volatile("" : "+f"(x)::"memory"); };
+
+  // Prologue: tiles 0..STAGES-1, every page-id lookup first where one id per tile suffices
+  int pg[PGR];
+  if (PGR == 1) {
+    int pg_pro[STAGES][PGR];  // PGR == 1 here
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s)
+      if (s < n_iter) lookup(s, pg_pro[s]);
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      if (s < n_iter) issue(s, s, s, pg_pro[s]);
+      cp_async_commit();
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      if (s < n_iter) {
+        lookup(s, pg);
+        issue(s, s, s, pg);
+      }
+      cp_async_commit();
+    }
+  }
+  if (STAGES < n_iter) lookup(STAGES, pg);
+
+  // Every warpgroup has query rows here (NUM_WARPS = max(4, ceil(M / 16)), whole warpgroups),
+  // so no warp skips the math: a warp-dependent branch around wgmmas in flight makes ptxas
+  // serialize them (C7519).
+  float sc[NTILES][4], sn[NTILES][4];
+#pragma unroll
+  for (int n = 0; n < NTILES; ++n) sn[n][0] = sn[n][1] = sn[n][2] = sn[n][3] = 0.f;
+  // S(t) = Q K(t)^T into sn, committed as one wgmma group (waited for by the caller)
+  auto issue_s = [&](int t) {
+    const elem_t* cK = sK + (t % STAGES) * TILE_ELEMS;
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+#if Q_SMEM
+      unsigned qa[4];
+      ldmatrix_x4(qa[0], qa[1], qa[2], qa[3],
+                  sQ + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * ROW_STRIDE + ks * 16 +
+                      (lane >> 4) * 8);
+#else
+      const unsigned(&qa)[4] = qf[ks];
+#endif
+      WgMma<N>::rs(sn, qa, wgmma_desc_sw128(cK + (ks >> 2) * HALF_ELEMS + (ks & 3) * 16, 16, 1024),
+                   ks > 0);
+    }
+    wgmma_commit();
+  };
+  // After a wgmma.wait_group: the accumulators' values are final from here on
+  auto fence_acc = [&]() {
+#pragma unroll
+    for (int n = 0; n < NTILES; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) reg_fence(sn[n][e]);
+    }
+#pragma unroll
+    for (int d = 0; d < DTILES; ++d) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) reg_fence(o[d][e]);
+    }
+  };
+
+  // Iteration v's loads: tile v + STAGES into K stage v % STAGES and V stage (v-1) % V_STAGES,
+  // then the page ids of the tile after it (in flight until the next iteration's loads)
+  auto load_next = [&](int v) {
+    const int vn = v + STAGES;
+    if (vn < n_iter) issue(vn, vn % STAGES, vn % V_STAGES, pg);
+    cp_async_commit();
+    if (vn + 1 < n_iter) lookup(vn + 1, pg);
+  };
+
+  cp_async_wait<STAGES - 1>();  // group 0: tile 0 (and Q with Q_SMEM)
+  fence_proxy_async();
+  __syncthreads();
+  if (!SKIP_COMPUTE && n_iter > 0) {
+    issue_s(0);
+    wgmma_wait<0>();
+    fence_acc();
+  }
+
+  for (int v = 0; v < n_iter; ++v) {
+    cp_async_wait<STAGES - 2>();  // group v+1: K(v+1) (V(v) came with group v)
+    fence_proxy_async();  // cp.async data (generic proxy) is read next by wgmma (async proxy)
+    // Tile v+1 visible to all. Every warpgroup waited for S(v) and P(v-1)V(v-1) at the end of
+    // the last iteration: K stage v % STAGES and V stage (v-1) % (STAGES + 1) are free.
+    __syncthreads();
+    if (!SKIP_COMPUTE) {
+#pragma unroll
+      for (int n = 0; n < NTILES; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[n][e] = sn[n][e];
+      }
+      // S(v+1) on the tensor cores while the CUDA cores run tile v's softmax below
+      if (v + 1 < n_iter) issue_s(v + 1);
+    }
+#if OVERLAP == 1
+    load_next(v);  // under S(v+1)
+#endif
+    if (!SKIP_COMPUTE) {
+      // scale into the log2 domain; mask only tiles that some row cannot fully see
+      const bool is_block = v >= n_ctx_here;
+      const int kstart = (t0 + v) * N;
+      const bool need_mask =
+          is_block || kstart + N > P || (windowed && kstart <= P + qb - 1 - window);
+#pragma unroll
+      for (int n = 0; n < NTILES; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = sc[n][e] * scale_log2;
+          if (need_mask) {
+            const int col = n * 8 + 2 * t4 + (e & 1);
+            const int i = e < 2 ? i0 : i1;
+            bool vis;
+            if (is_block) {
+              const int dj = i - col;
+              vis = col < qb && (mask_mode == MASK_FULL ||
+                                 (mask_mode == MASK_SLIDING ? (dj < window && -dj < window)
+                                                            : (dj >= 0 && dj < window)));
+            } else {
+              const int kp = kstart + col;
+              vis = kp < P && (!windowed || kp > P + i - window);
+            }
+            if (!vis) x = -INFINITY;
+          }
+          sc[n][e] = x;
+        }
+      }
+
+      // online softmax, rows g (e=0,1) and g+8 (e=2,3); a row is spread over a quad's 4 lanes
+      float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < NTILES; ++n) {
+        mx0 = fmaxf(mx0, fmaxf(sc[n][0], sc[n][1]));
+        mx1 = fmaxf(mx1, fmaxf(sc[n][2], sc[n][3]));
+      }
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
+      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+      const float base0 = mn0 == -INFINITY ? 0.f : mn0;  // a fully masked row stays at zero
+      const float base1 = mn1 == -INFINITY ? 0.f : mn1;
+      const float a0 = fast_exp2(m0 - base0), a1 = fast_exp2(m1 - base1);
+      m0 = mn0;
+      m1 = mn1;
+      float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+      for (int n = 0; n < NTILES; ++n) {
+        sc[n][0] = fast_exp2(sc[n][0] - base0);
+        sc[n][1] = fast_exp2(sc[n][1] - base0);
+        sc[n][2] = fast_exp2(sc[n][2] - base1);
+        sc[n][3] = fast_exp2(sc[n][3] - base1);
+        ps0 += sc[n][0] + sc[n][1];
+        ps1 += sc[n][2] + sc[n][3];
+      }
+      l0 = l0 * a0 + ps0;
+      l1 = l1 * a1 + ps1;
+#pragma unroll
+      for (int d = 0; d < DTILES; ++d) {
+        o[d][0] *= a0;
+        o[d][1] *= a0;
+        o[d][2] *= a1;
+        o[d][3] *= a1;
+      }
+
+      // O += P V, queued behind S(v+1) on the tensor cores
+      const elem_t* cV = sV + (v % V_STAGES) * TILE_ELEMS;
+      wgmma_fence();  // o was rescaled by ordinary instructions
+#pragma unroll
+      for (int kk = 0; kk < N / 16; ++kk) {
+        const unsigned a[4] = {pack2(sc[2 * kk][0], sc[2 * kk][1]),
+                               pack2(sc[2 * kk][2], sc[2 * kk][3]),
+                               pack2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                               pack2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+        // B = V, MN-major (transposed), 128B swizzle: LBO = next 64 columns (a half), SBO = next
+        // 8 keys (1024 B)
+        WgMma<D>::rs_tb(o, a, wgmma_desc_sw128(cV + kk * 16 * 64, HALF_ELEMS * 2, 1024), 1);
+      }
+      wgmma_commit();
+    }
+#if OVERLAP != 1
+    load_next(v);  // under P(v)V(v)
+#endif
+    if (!SKIP_COMPUTE) {
+      wgmma_wait<0>();  // S(v+1) and P(v)V(v), before the next barrier frees their stages
+      fence_acc();
+    }
+  }
+  cp_async_wait<0>();
+#else
   // Prologue: every page-id lookup first (one dependent round trip, not STAGES - 1), then the
   // first STAGES - 1 tiles.
   // (With several page-id registers per thread, PGR > 1, they would spill: look up per stage.)
@@ -291,7 +510,7 @@ __device__ __forceinline__ void attention_body(
       if (s < n_iter) lookup(s, pg_pro[s]);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < n_iter) issue(s, s, pg_pro[s]);
+      if (s < n_iter) issue(s, s, s, pg_pro[s]);
       cp_async_commit();
     }
   } else {
@@ -299,7 +518,7 @@ __device__ __forceinline__ void attention_body(
     for (int s = 0; s < STAGES - 1; ++s) {
       if (s < n_iter) {
         lookup(s, pg);
-        issue(s, s, pg);
+        issue(s, s, s, pg);
       }
       cp_async_commit();
     }
@@ -314,7 +533,7 @@ __device__ __forceinline__ void attention_body(
     __syncthreads();  // tile v visible to all; stage (v-1)%STAGES free for reuse
     {
       const int vn = v + STAGES - 1;
-      if (vn < n_iter) issue(vn, vn % STAGES, pg);
+      if (vn < n_iter) issue(vn, vn % STAGES, vn % STAGES, pg);
       cp_async_commit();
       // Page ids for the tile after: loads stay in flight while this tile computes.
       if (vn + 1 < n_iter) lookup(vn + 1, pg);
@@ -471,6 +690,7 @@ __device__ __forceinline__ void attention_body(
 #endif
   }
   cp_async_wait<0>();
+#endif  // OVERLAP
 
   // ---- epilogue: normalise; write the output, or this split's partial + log-sum-exp
   l0 += __shfl_xor_sync(0xffffffff, l0, 1);

@@ -25,3 +25,6 @@
 #ifndef MIN_CTAS
 #define MIN_CTAS 1  // __launch_bounds__ occupancy hint: >1 caps registers to fit that many CTAs
 #endif
+#ifndef OVERLAP
+#define OVERLAP 0  // drafter_attention.cu, wgmma path: 1 or 2 pipelines the tiles
+#endif
