@@ -49,12 +49,16 @@ def test_shipped_sm90_specs():
     full, rep = load_spec("sm90"), load_spec("sm90-repeat")
     assert list(full.geometries) == list(rep.geometries) == [
         "qwen3-8b-dflash-b16", "gpt-oss-20b-dflash", "dflash2-w2048", "laguna-dflash"]
-    assert full.params == rep.params and len(full.params["cupy"]) == 6
+    assert full.params["cupy"] == rep.params["cupy"] and len(full.params["cupy"]) == 6
+    assert full.backends == ["cupy", "cutlass"] and rep.backends == ["cupy"]
+    assert full.params["cutlass"] == [{}, {"wgmma": True}]
     assert full.page_sizes == rep.page_sizes == [16, 64, 128] and full.arena and not rep.arena
     # 4 layouts x 14 (batch, ctx) of at most 2M tokens; 6 parameter sets, 4 for laguna (whose
     # defaults already keep Q in shared memory and, on mma.sync, have no overlap)
     assert len(full.problems()) == 4 * 4 * 14 and max(p.batch * p.ctx_len for _, p in full.problems()) == 1 << 21
-    assert len(full.candidates()) == 3 * 56 * 6 + 56 * 4 == 1232
+    cupy = [c for c in full.candidates() if c.impl == "cupy"]
+    assert len(cupy) == 3 * 56 * 6 + 56 * 4 == 1232
+    assert len(full.candidates()) == 1232 + 224 * 2  # cutlass: both paths at every key
     assert len(rep.candidates()) == 3 * 9 * 6 + 9 * 4 == 198
     assert {c.key() for c in rep.candidates()} <= {c.key() for c in full.candidates()}
     assert all(c.target == "sm90" for c in full.candidates())
