@@ -8,7 +8,6 @@ reference."""
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
@@ -120,14 +119,6 @@ CASES = [
     ("mimo-dflash", 32, dict(overlap=1)),
 ]
 SERIALIZED = re.compile(r"wgmma[^\n]*(serialized|injected)", re.I)
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:  # a private cubin cache, for this module only
-        if "DRAFTER_CACHE_DIR" not in os.environ:
-            mp.setenv("DRAFTER_CACHE_DIR", str(tmp_path_factory.mktemp("cubins")))
-        yield
 
 
 def _case_id(name: str, page: int | None, params: dict) -> str:

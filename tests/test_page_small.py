@@ -61,14 +61,6 @@ def _compile(preset, page, sm, params):
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:  # a private cubin cache, for this module only
-        if "DRAFTER_CACHE_DIR" not in os.environ:
-            mp.setenv("DRAFTER_CACHE_DIR", str(tmp_path_factory.mktemp("cubins")))
-        yield
-
-
-@pytest.fixture(scope="module")
 def builds(cache_dir):
     """sm_90a default builds of the main preset and gpt-oss at every page size and the arena."""
     return {(preset, page): _compile(preset, page, 90, {})
