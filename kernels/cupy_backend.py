@@ -213,7 +213,9 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     bytes) and 32-key tiles 32 bytes on sm_90a since the kernels take a page stride; 16-key
     tiles compile at 138-146 registers everywhere. A block of more keys than the budget's tile
     keeps SM 90's 64-key tiles; stages come off where the SM's shared memory would be exceeded
-    (neither happens for the presets' shapes)."""
+    (neither happens for the presets' shapes). Given a problem, SM 90's defaults software-pipeline
+    the tiles (`overlap=DEFAULT_OVERLAP`) wherever the wgmma path runs and the extra V stage fits,
+    unless the overrides name `overlap` or exclude that path (`wgmma=False`)."""
     params = sm_defaults(Params, dict(tile_n=16, stages=6, q_smem=True), problem, sm, overrides)
     if problem is None or "overlap" in overrides:
         return params
