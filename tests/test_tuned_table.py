@@ -227,6 +227,31 @@ def test_shipped_profiles_are_found_per_sm(monkeypatch):
     assert shipped.find_default(75) is None and shipped.find_default(None) is None
 
 
+def test_shipped_sm90_table_is_the_export_of_its_database_for_todays_sources():
+    """profiles/sm90.json is `tuner export` of profiles/sm90.db (same keys, same winners), and its
+    entries were measured on today's kernel sources: after any edit under kernels/cuda the
+    runtime would treat every entry as a miss, so the profile must be measured again
+    (scripts/sm90_profile.sh) before such an edit lands."""
+    from drafter_attn.kernels import nvrtc
+
+    folder = shipped.shipped_dir()
+    shipped_table = json.loads((folder / "sm90.json").read_text())
+    fresh = export.export_table(folder / "sm90.db", [90], resolve_commits=False)
+
+    def winners(table):
+        return {(tuple(sorted((k, str(v)) for k, v in e.items() if k not in
+                              ("impl", "params", "alternatives", "provenance", "bucket")
+                              and not k.endswith(("_us", "_bytes")) and k != "candidates")),
+                 e["impl"], json.dumps(e["params"], sort_keys=True))
+                for e in table["entries"]}
+
+    assert winners(shipped_table) == winners(fresh) and len(shipped_table["entries"]) > 0
+    hashes = {e["provenance"]["sources_hash"] for e in shipped_table["entries"]}
+    assert hashes == {nvrtc.sources_digest()}, (
+        "the kernel sources changed since profiles/sm90.json was measured: measure the profile "
+        "again (scripts/sm90_profile.sh) and export it (profiles/README.md)")
+
+
 def test_environment_overrides_the_shipped_profiles(monkeypatch, tmp_path):
     monkeypatch.delenv("DRAFTER_TUNED_TABLE", raising=False)
     monkeypatch.setenv("DRAFTER_DB", str(tmp_path / "mine.db"))
