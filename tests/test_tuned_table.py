@@ -237,15 +237,9 @@ def test_shipped_sm90_table_is_the_export_of_its_database_for_todays_sources():
     folder = shipped.shipped_dir()
     shipped_table = json.loads((folder / "sm90.json").read_text())
     fresh = export.export_table(folder / "sm90.db", [90], resolve_commits=False)
-
-    def winners(table):
-        return {(tuple(sorted((k, str(v)) for k, v in e.items() if k not in
-                              ("impl", "params", "alternatives", "provenance", "bucket")
-                              and not k.endswith(("_us", "_bytes")) and k != "candidates")),
-                 e["impl"], json.dumps(e["params"], sort_keys=True))
-                for e in table["entries"]}
-
-    assert winners(shipped_table) == winners(fresh) and len(shipped_table["entries"]) > 0
+    d = export.diff_tables(shipped_table, fresh, threshold=0.0)
+    assert d["common"] == len(shipped_table["entries"]) > 0
+    assert (d["flips"], d["slowdowns"], d["speedups"], d["only_a"], d["only_b"]) == ([],) * 5
     hashes = {e["provenance"]["sources_hash"] for e in shipped_table["entries"]}
     assert hashes == {nvrtc.sources_digest()}, (
         "the kernel sources changed since profiles/sm90.json was measured: measure the profile "
