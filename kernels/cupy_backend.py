@@ -48,7 +48,9 @@ class Params:
     (the capacity, or the caller's `max_ctx` hint; device-side balancing spreads the actual
     context over the splits). `q_smem` keeps Q in shared memory
     instead of registers (for CTAs of many warps, whose per-thread register budget is small).
-    `wgmma` (sm_90a only) computes both products with warpgroup MMAs; None = wherever it runs.
+    `wgmma` (sm_90a only) computes both products with warpgroup MMAs; None = wherever it runs
+    as is (whole warpgroups, whole-warp tile loads: `wgmma_fits`); True also pads other CTAs of
+    up to 12 warps to whole warpgroups (`wgmma_reason`; laguna's 9 warps run as 12).
     `overlap` (sm_90a wgmma path only) software-pipelines the tiles: S = QK^T of the next tile
     runs on the tensor cores while this tile's softmax runs, with one V stage more; 1 issues the
     next loads under that S, 2 under P.V (kernels/cuda/drafter_attention.cu, OVERLAP). The
@@ -66,8 +68,10 @@ class Params:
     # default_params turns it on wherever that path runs)
 
     def smem_bytes(self, head_dim: int, warps: int, wgmma: bool = False) -> int:
-        return smem_bytes(self.tile_n, self.stages, head_dim, warps if self.q_smem else 0, wgmma,
-                          self.overlap)
+        """`warps`: the CTA's 16-row warps; Q in shared memory holds 16 rows a warp, of whole
+        warpgroups on the wgmma path (`padded_warps`)."""
+        q_warps = (padded_warps(warps) if wgmma else warps) if self.q_smem else 0
+        return smem_bytes(self.tile_n, self.stages, head_dim, q_warps, wgmma, self.overlap)
 
 
 def smem_bytes(tile_n: int, stages: int, head_dim: int, q_warps: int = 0,
@@ -80,23 +84,61 @@ def smem_bytes(tile_n: int, stages: int, head_dim: int, q_warps: int = 0,
     return kv_tiles * tile_n * kv_row * 2 + 16 * q_warps * (head_dim + 8) * 2
 
 
-def num_warps(block_size: int, group: int) -> int:
-    """16 packed query rows per warp, and at least 4 warps so loads keep enough bytes in flight."""
-    return max(4, -(-block_size * group // 16))
+def num_warps(block_size: int, group: int, wgmma: bool = False) -> int:
+    """16 packed query rows per warp, and at least 4 warps so loads keep enough bytes in flight.
+    On the wgmma path whole warpgroups (64-row M tiles): `padded_warps` of that count."""
+    warps = max(4, -(-block_size * group // 16))
+    return padded_warps(warps) if wgmma else warps
+
+
+def padded_warps(warps: int) -> int:
+    """The warps of a wgmma CTA for `warps` 16-row warps: whole warpgroups (9 -> 12: laguna's
+    144 rows run as 3 x 64 row slots, the last 48 zero rows that are never stored). The same
+    count wherever `warps` is a multiple of 4, so those variants do not change."""
+    return -(-warps // 4) * 4
 
 
 def wgmma_fits(head_dim: int, warps: int, tile_n: int) -> bool:
-    """Shapes the wgmma path compiles for: whole warpgroups, whole warps per tile load."""
+    """Shapes the wgmma path takes by default (`wgmma=None`): whole warpgroups, whole warps per
+    tile load (every thread loads the same number of chunks)."""
     return (warps % 4 == 0 and tile_n in (32, 64, 128) and head_dim in (64, 128)
             and (tile_n * head_dim // 8) % (warps * 32) == 0)
 
 
+# Warps the wgmma path takes when forced (`wgmma=True`) with padding or a predicated last
+# tile-load iteration: at most 3 warpgroups (384 threads, 168 registers a thread). A 16-warp CTA
+# gets 128 registers a thread; it keeps the wgmma path only where `wgmma_fits` (as before).
+MAX_PADDED_WARPS = 12
+
+
+def wgmma_reason(head_dim: int, warps: int, tile_n: int) -> str | None:
+    """Why `wgmma=True` cannot compile for a CTA of `warps` 16-row warps (None when it can).
+    Beyond `wgmma_fits`' shapes the kernel takes rows padded to whole warpgroups (laguna's 9
+    warps run as 12) and chunk counts the thread count does not divide (a predicated last load
+    iteration), up to MAX_PADDED_WARPS."""
+    if wgmma_fits(head_dim, warps, tile_n):
+        return None
+    if tile_n not in (32, 64, 128) or head_dim not in (64, 128):
+        return (f"the wgmma path needs tile_n 32/64/128 and head_dim 64/128 (tile_n={tile_n}, "
+                f"head_dim={head_dim})")
+    if padded_warps(warps) > MAX_PADDED_WARPS:
+        return (f"{warps} warps ({padded_warps(warps)} on the wgmma path) with {tile_n}-key "
+                f"tiles of head_dim {head_dim} leave some threads a load more than others, "
+                f"which the wgmma path takes for at most {MAX_PADDED_WARPS} warps (beyond them "
+                f"a thread gets 128 registers; not built)")
+    return None
+
+
 def use_wgmma(params: Params, head_dim: int, warps: int, sm: int) -> bool:
+    """Whether a variant takes the sm_90a wgmma path; `warps` are the CTA's 16-row warps
+    (`num_warps` without wgmma). `wgmma=None` takes it where `wgmma_fits`; `wgmma=True` also
+    where `wgmma_reason` allows it (rows padded to whole warpgroups), else ValueError."""
     if params.wgmma is None:
         wgmma = sm == 90 and wgmma_fits(head_dim, warps, params.tile_n)
-    elif params.wgmma and (sm != 90 or not wgmma_fits(head_dim, warps, params.tile_n)):
+    elif params.wgmma and (sm != 90 or wgmma_reason(head_dim, warps, params.tile_n)):
         raise ValueError(f"wgmma=True needs sm_90 and a fitting shape (sm={sm}, "
-                         f"head_dim={head_dim}, warps={warps}, tile_n={params.tile_n})")
+                         f"head_dim={head_dim}, warps={warps}, tile_n={params.tile_n}"
+                         f"{'' if sm != 90 else ': ' + wgmma_reason(head_dim, warps, params.tile_n)})")
     else:
         wgmma = params.wgmma
     if params.overlap and not wgmma:
@@ -119,6 +161,8 @@ def overlap_reason(params: Params, head_dim: int, warps: int,
     if params.wgmma is not None and not params.wgmma:  # False, or 0 from a spec
         return (f"overlap={params.overlap} pipelines the wgmma path; wgmma=0 (mma.sync) has no "
                 f"overlap variant")
+    if params.wgmma and wgmma_reason(head_dim, warps, params.tile_n) is None:
+        return None  # forced onto the (padded) wgmma path, which has an overlap variant
     if not wgmma_fits(head_dim, warps, params.tile_n):
         return (f"overlap={params.overlap} needs the sm_90a wgmma path, which this shape does not "
                 f"take ({warps} warps, head_dim {head_dim}, tile_n {params.tile_n}: it needs whole "
@@ -167,6 +211,18 @@ SM_BUDGETS = {
 }
 # OVERLAP of the default variants where the sm_90a wgmma path runs (0 elsewhere)
 DEFAULT_OVERLAP = 2
+# CTAs of more than 8 warps: Q in shared memory, 16-key tiles in 6 stages (mma.sync; every SM but
+# SM 90, which pads them to warpgroups: PADDED_WGMMA).
+MANY_WARPS = dict(tile_n=16, stages=6, q_smem=True)
+# The same CTAs forced onto the sm_90a wgmma path (`wgmma=True`: 9-12 warps padded to 3
+# warpgroups, 384 threads, at most 168 registers a thread for one CTA per SM). ptxas -v, NVRTC
+# 13.5, laguna (head_dim 128, page 64): 32-key tiles with Q in registers 157 registers, no spill,
+# at 3-8 stages (and 152 at head_dim 64); 64-key tiles spill 24 bytes (Q in registers) or 104
+# (Q in shared memory), the pipelined variants (overlap 1/2) 28-336. One CTA per SM either way
+# (registers), so shared memory is free to spend on depth: 8 stages keep 7 x 32 keys (112 KB of
+# K and V) in flight. SM 90's default for these CTAs (`_padded_wgmma`; results/perf-notes.md,
+# "GQA 9 on the wgmma path").
+PADDED_WGMMA = dict(tile_n=32, stages=8, q_smem=False)
 # An SM the table does not name (a target of a newer NVRTC): the smallest budget of any.
 UNKNOWN_SM_BUDGET = SmBudget(*_SMALL, 32, 5)
 # No SM given (a problem described without a GPU): SM 90's, the measured defaults.
@@ -203,24 +259,49 @@ def sm_defaults(params_cls, many_warps: dict, problem: Problem | None, sm: int |
     return dataclasses.replace(base, **overrides)
 
 
+def _padded_wgmma(problem: Problem, sm: int | None, overrides: dict) -> bool:
+    """Whether a CTA of 9-12 warps takes the padded wgmma path: when asked (`wgmma=True`), and by
+    default on SM 90 wherever the path takes the shape (H200, laguna B=8-32: 10-19% faster than
+    the 9-warp mma.sync variant; results/perf-notes.md, "GQA 9 on the wgmma path")."""
+    from drafter_attn.kernels.nvrtc import code_sm
+
+    g = problem.geometry
+    warps = num_warps(g.block_size, g.group)
+    if not 8 < warps <= MAX_PADDED_WARPS:
+        return False
+    if "wgmma" in overrides:
+        return bool(overrides["wgmma"])
+    tile_n = overrides.get("tile_n", PADDED_WGMMA["tile_n"])
+    return (code_sm(NO_SM if sm is None else sm) == 90
+            and wgmma_reason(g.head_dim, warps, tile_n) is None)
+
+
 def default_params(problem: Problem | None = None, sm: int | None = None,
                    **overrides) -> Params:
     """Fast-without-tuning defaults for a GPU of SM `sm` (None: SM 90's), chosen so no default
     variant spills on any SM target (checked by tests/test_static_profile). CTAs of 4-8 warps
     take the K/V pipeline of `sm_budget(sm)`. Above 8 warps (registers are allocated per 4
     warps, so 9 warps get the budget of 12) Q moves to shared memory and key tiles shrink to 16
-    keys in 6 stages on every SM: at 9 warps, 64-key tiles spill on sm_90a and sm_103 (116-132
+    keys in 6 stages on every SM but SM 90 (see below): at 9 warps, 64-key tiles spill on sm_90a and sm_103 (116-132
     bytes) and 32-key tiles 32 bytes on sm_90a since the kernels take a page stride; 16-key
     tiles compile at 138-146 registers everywhere. A block of more keys than the budget's tile
     keeps SM 90's 64-key tiles; stages come off where the SM's shared memory would be exceeded
     (neither happens for the presets' shapes). Given a problem, SM 90's defaults software-pipeline
     the tiles (`overlap=DEFAULT_OVERLAP`) wherever the wgmma path runs and the extra V stage fits,
-    unless the overrides name `overlap` or exclude that path (`wgmma=False`)."""
-    params = sm_defaults(Params, dict(tile_n=16, stages=6, q_smem=True), problem, sm, overrides)
+    unless the overrides name `overlap` or exclude that path (`wgmma=False`). CTAs of 9-12 warps
+    on SM 90 (and elsewhere when `wgmma=True` is asked for) take `PADDED_WGMMA` instead (3
+    warpgroups: 32-key tiles in 8 stages, Q in registers, not pipelined)."""
+    many = MANY_WARPS
+    if problem is not None and _padded_wgmma(problem, sm, overrides):
+        many = PADDED_WGMMA  # 3 warpgroups
+        overrides = {"wgmma": True, **overrides}
+    params = sm_defaults(Params, many, problem, sm, overrides)
     if problem is None or "overlap" in overrides:
         return params
     # The sm_90a wgmma path runs software-pipelined wherever it can (measured on the H200:
-    # OVERLAP=2 is 8-14% faster at B >= 8 and up to 8% at B=1 32k, level at B=1 2k-8k).
+    # OVERLAP=2 is 8-14% faster at B >= 8 and up to 8% at B=1 32k, level at B=1 2k-8k); not
+    # where forced rows need a predicated load iteration (3 warpgroups: the pipelined variants
+    # spill at 168 registers).
     from drafter_attn.kernels.nvrtc import code_sm
 
     g = problem.geometry
@@ -228,6 +309,7 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     pipelined = dataclasses.replace(params, overlap=DEFAULT_OVERLAP)
     target = code_sm(NO_SM if sm is None else sm)
     if (overlap_reason(pipelined, g.head_dim, warps, target) is None
+            and wgmma_fits(g.head_dim, padded_warps(warps), params.tile_n)
             and pipelined.smem_bytes(g.head_dim, warps, True) <= sm_budget(sm).smem_block):
         return pipelined
     return params
@@ -270,6 +352,14 @@ def supports(problem: Problem, params: Params | None = None, sm: int | None = No
     if reason:
         return reason
     warps = num_warps(g.block_size, g.group)
+    if params.wgmma:  # forced: refused here, not at compile time
+        from drafter_attn.kernels.nvrtc import code_sm
+
+        if sm is not None and code_sm(sm) != 90:
+            return f"wgmma=1 needs the sm_90a wgmma path, which SM {sm} does not have"
+        reason = wgmma_reason(g.head_dim, warps, params.tile_n)
+        if reason:
+            return f"wgmma=1: {reason}"
     reason = smem_limit_reason(params.smem_bytes(g.head_dim, warps, bool(params.wgmma)), sm)
     if reason:
         return f"tile_n={params.tile_n} stages={params.stages} {reason}"
@@ -292,15 +382,17 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
 
 
 def common_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | None,
-                   block_size: int, group: int, params, wgmma: bool) -> dict[str, int]:
-    """The compile-time knobs every kernel family takes (kernels/cuda/variant.cuh)."""
+                   block_size: int, group: int, params, wgmma: bool,
+                   warps: int | None = None) -> dict[str, int]:
+    """The compile-time knobs every kernel family takes (kernels/cuda/variant.cuh). `warps`:
+    the CTA's warps (default `num_warps(block_size, group)`)."""
     name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
     return dict(
         DTYPE_BF16=int(name == "bfloat16"),
         HEAD_DIM=head_dim,
         PAGE_SIZE=page_size or 0,
         TILE_N=params.tile_n,
-        NUM_WARPS=num_warps(block_size, group),
+        NUM_WARPS=warps or num_warps(block_size, group),
         STAGES=params.stages,
         Q_SMEM=int(params.q_smem),
         WGMMA=int(wgmma),
@@ -310,8 +402,10 @@ def common_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | Non
 
 def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | None,
                     block_size: int, group: int, params: Params, sm: int) -> dict[str, int]:
-    wgmma = use_wgmma(params, head_dim, num_warps(block_size, group), sm)
-    defines = dict(common_defines(dtype, head_dim, page_size, block_size, group, params, wgmma),
+    warps = num_warps(block_size, group)
+    wgmma = use_wgmma(params, head_dim, warps, sm)
+    defines = dict(common_defines(dtype, head_dim, page_size, block_size, group, params, wgmma,
+                                  padded_warps(warps) if wgmma else warps),
                    SKIP_COMPUTE=int(params.skip_compute), SKIP_LOADS=int(params.skip_loads))
     if params.overlap:  # named only when on: the default variants keep their defines (and labels)
         defines["OVERLAP"] = int(params.overlap)

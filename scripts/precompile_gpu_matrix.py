@@ -1,7 +1,8 @@
 """Compile, in parallel processes, every kernel variant a GPU run will load, so the tests and
 tables do not compile one module after another (CuTe modules take 15-30 s each).
 
-    python scripts/precompile_gpu_matrix.py [SPEC ...]          # the GPU test matrix (default: its BACKENDS)
+    python scripts/precompile_gpu_matrix.py [SPEC ...]          # the GPU test matrix (default: its BACKENDS;
+                                                               # PADDED_SPECS add their padded-wgmma cases)
     python scripts/precompile_gpu_matrix.py --table "cupy;cutlass" --no-tests
                                                                # what bench.attention_table loads
     python scripts/precompile_gpu_matrix.py --sweep tuner/specs/sm90.toml --no-tests
@@ -44,9 +45,15 @@ def matrix_jobs(specs, sm):
     for spec in specs:
         backend = registry.from_spec(spec)
         kern = backend.family
-        for case in matrix._cases():
+        # a padded-wgmma spec outside BACKENDS runs only its padded cases (test_padded_wgmma_*)
+        cases = matrix._cases() if spec in matrix.BACKENDS or spec not in matrix.PADDED_SPECS else []
+        if spec in matrix.PADDED_SPECS:
+            cases = cases + matrix._padded_cases()
+        for case in cases:
             geom, page, lens, _ = case.values
             for layout, ps in (("paged", page), ("arena", None)):
+                if layout == "paged" and not page:  # a padded case of the arena
+                    continue
                 out.add(_job(backend, Problem(geom, layout, ps, len(lens), 0), sm))
         for dtype in ("bfloat16", "float16"):  # store modules (block 1, group 1, defaults)
             for ps in (*kern.PAGE_SIZES, None):

@@ -4,7 +4,8 @@
 // id is the one the thread looked up (page_row of its page_slot, and on the WARP_ROWS path the id
 // lane j looked up for slot j); a warp instruction reads whole 128-byte row segments and writes
 // shared memory without bank conflicts (wgmma layout); and the number of page ids per thread
-// is what the kernel holds (PG, PGR).
+// is what the kernel holds (PG, PGR); and the packed query rows (query_row): every output
+// element of the M = Qb * G rows stored once, the padding rows never.
 #define DRAFTER_LAYOUTS_ONLY 1
 #include "drafter_attention.cu"
 
@@ -64,9 +65,14 @@ int main() {
   }
 #if WGMMA
   // One warp instruction: 4 rows x 8 chunks of one 64-column half (whole 128-byte segments), and
-  // each 8-lane phase writes 8 distinct 16-byte bank groups.
+  // each 8-lane phase writes 8 distinct 16-byte bank groups. Where the thread count does not
+  // divide the chunk count (a predicated last iteration), a warp's lanes all load or all skip.
   for (int w = 0; w < NUM_WARPS; ++w) {
     for (int it = 0; it < ITERS; ++it) {
+      int loading = 0;
+      for (int lane = 0; lane < 32; ++lane) loading += (w * 32 + lane) + it * NT < CHUNKS;
+      if (loading != 0 && loading != 32) fail("warp-uniform load predicate", w * 32, it, loading, 32);
+      if (loading == 0) continue;
       std::set<std::pair<int, int>> segs;
       for (int lane = 0; lane < 32; ++lane) {
         const int tid = w * 32 + lane;
@@ -84,10 +90,48 @@ int main() {
     }
   }
 #endif
+  // Query rows (query_row, the kernel's r0 / r0 + 8): for every CTA of M = Qb * G rows this
+  // NUM_WARPS serves (M > 16 * (NUM_WARPS - 4) on the wgmma path: whole warpgroups, each with
+  // rows), every row < M and column is stored by exactly one (thread, element) and maps to a
+  // block position i = r / G < Qb; the rows >= M (padding) are never stored. Every warpgroup
+  // holds at least one row < M (no warpgroup idles around its wgmmas).
+  int ms = 0;
+  for (int qb = 1; qb <= 64; ++qb) {
+    for (int group = 1; group <= 16; ++group) {
+      const int M = qb * group;
+      const int w16 = M < 64 ? 4 : (M + 15) / 16;  // num_warps
+      const int want = WGMMA ? (w16 + 3) / 4 * 4 : w16;  // padded_warps on the wgmma path
+      if (want != NUM_WARPS) continue;
+      ++ms;
+      std::vector<int> stored(M * D, 0);
+      for (int warp = 0; warp < NUM_WARPS; ++warp) {
+        for (int lane = 0; lane < 32; ++lane) {
+          const int r0 = query_row(warp, lane >> 2), t4 = lane & 3;
+          for (int half = 0; half < 2; ++half) {
+            const int r = half ? r0 + 8 : r0;
+            if (r >= M) continue;  // the kernel's epilogue: `if (r >= M) continue`
+            if (r / group >= qb) fail("row's block position", r, group, r / group, qb);
+            for (int d = 0; d < D / 8; ++d) {
+              stored[r * D + d * 8 + 2 * t4] += 1;
+              stored[r * D + d * 8 + 2 * t4 + 1] += 1;
+            }
+          }
+        }
+      }
+      for (int e = 0; e < M * D; ++e)
+        if (stored[e] != 1) fail("output element stored once", e / D, e % D, stored[e], 1);
+#if WGMMA
+      for (int wg = 0; wg < NUM_WARPS / 4; ++wg)
+        if (query_row(wg * 4, 0) >= M) fail("warpgroup without query rows", wg, M, qb, group);
+#endif
+    }
+  }
+  if (ms == 0 && NUM_WARPS <= 16) fail("no (Qb, G) of this NUM_WARPS checked", NUM_WARPS, 0, 0, 0);
   if (bad) {
     std::printf("%d failures (D=%d N=%d warps=%d page=%d wgmma=%d)\n", bad, D, N, NUM_WARPS, PAGE_SIZE, WGMMA);
     return 1;
   }
-  std::printf("ok: D=%d N=%d warps=%d page=%d wgmma=%d PG=%d PGR=%d\n", D, N, NUM_WARPS, PAGE_SIZE, WGMMA, PG, PGR);
+  std::printf("ok: D=%d N=%d warps=%d page=%d wgmma=%d PG=%d PGR=%d ITERS=%d, %d row counts\n", D, N,
+              NUM_WARPS, PAGE_SIZE, WGMMA, PG, PGR, ITERS, ms);
   return 0;
 }

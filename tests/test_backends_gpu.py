@@ -25,7 +25,8 @@ pytestmark = pytest.mark.gpu
 # "cupy:wgmma=0" forces the mma.sync path everywhere; "cupy:overlap=1" / "=2" software-pipeline the
 # wgmma path (sm_90a only; they refuse shapes without it, e.g. 9-warp CTAs); "cutlass" is the CuTe
 # port of the same algorithm (mma.sync), "cutlass:wgmma=1" its warpgroup-MMA path on sm_90 where
-# the shape allows.
+# the shape allows. `cupy:wgmma=1` on CTAs that are not whole warpgroups (laguna's 9 warps padded
+# to 3 warpgroups) is checked by the test_padded_wgmma_* tests at the end of this file.
 BACKENDS = ["cupy", "cupy:wgmma=0", "cupy:overlap=1", "cupy:overlap=2", "cutlass",
             "cutlass:wgmma=1"]
 
@@ -348,3 +349,72 @@ def test_checks_off_runs_the_same(backend, monkeypatch):
         _assert_close(impl.paged_attention(q, kb, vb, *cache),
                       reference.paged_attention(q, kb, vb, *cache), geom.dtype)
     assert len(impl._plans) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# the wgmma path with rows padded to whole warpgroups (issue 12, GQA 9; opt-in `cupy:wgmma=1`)
+
+# `cupy:wgmma=1` on CTAs that are not whole warpgroups or whose tile loads leave some threads a
+# chunk more than others: laguna's 144 rows (9 warps) as 3 warpgroups of 64 row slots, the last
+# 48 zero rows; a GQA 12 geometry (192 rows: 12 warps, no padding, 384 threads); GQA 9 at
+# head_dim 64; Qb 12 x G 9 = 108 rows as 2 warpgroups (7 warps padded to 8). The default
+# (`cupy`, wgmma=None) never takes this path, so the random matrix above does not reach it.
+# Specs: the forced defaults (32-key tiles in 8 stages, Q in registers), 64-key tiles (3 load
+# iterations, the last predicated; spills a few bytes at 12 warps) and the pipelined variant.
+PADDED_SPECS = ["cupy:wgmma=1", "cupy:wgmma=1,tile_n=64,stages=4", "cupy:wgmma=1,overlap=2"]
+PADDED_GEOMETRIES = [
+    PRESETS["laguna-dflash"],
+    Geometry(96, 8, 128, 16, "sliding_causal", 512),  # GQA 12: 192 rows
+    Geometry(36, 4, 64, 16, "sliding_causal", 512),  # GQA 9, head_dim 64
+    Geometry(36, 4, 128, 12, "full"),  # Qb 12 x G 9: 108 rows, 7 warps -> 2 warpgroups
+]
+
+
+def _padded_cases():
+    rng = random.Random(12)
+    cases = []
+    for n in range(48):
+        g = PADDED_GEOMETRIES[n % len(PADDED_GEOMETRIES)]
+        mask = ["full", "sliding", "sliding_causal"][(n // len(PADDED_GEOMETRIES)) % 3]
+        window = None if mask == "full" else rng.choice([1, g.block_size - 1, g.block_size, 37, 512, 5000])
+        page = [8, 16, 32, 64, 128, None][n % 6]
+        dtype = "bfloat16" if n % 5 else "float16"
+        p = page or 64
+        lens = [rng.choice([0, 1, p - 1, p, p + 1, 2 * p + 3, 31, 32, 33, rng.randrange(1, 3000)])
+                for _ in range(rng.choice([1, 2, 3, 5]))]
+        if n % 16 == 9:
+            lens = [20000 + rng.randrange(100), 7]
+        cases.append(pytest.param(g.with_(mask=mask, window=window, dtype=dtype), page, lens, n,
+                                  id=f"{n}-h{g.num_q_heads}/{g.num_kv_heads}-d{g.head_dim}"
+                                  f"-qb{g.block_size}-{mask}{window or ''}-p{page or 'arena'}"
+                                  f"-{dtype}-{lens}"))
+    return cases
+
+
+@pytest.mark.parametrize("spec", PADDED_SPECS)
+@pytest.mark.parametrize("geom,page,lens,seed", _padded_cases())
+def test_padded_wgmma_matches_reference(spec, geom, page, lens, seed):
+    """The padded wgmma path against the reference (sm_90 only: elsewhere it is refused)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma path is sm_90a's")
+    layout = "paged" if page else "arena"
+    test_attention_matches_reference(spec, layout, geom, page, lens, seed)
+
+
+@pytest.mark.parametrize("spec", PADDED_SPECS[:1])
+@pytest.mark.parametrize("splits", [2, 3, 7])
+@pytest.mark.parametrize("geom", PADDED_GEOMETRIES[:2], ids=["laguna", "gqa12"])
+def test_padded_wgmma_forced_splits(spec, splits, geom):
+    """Split-KV partials of the padded CTAs (o_part rows < M only) through the combine."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma path is sm_90a's")
+    impl = _backend(spec).with_params(num_splits=splits)
+    gen = torch.Generator().manual_seed(splits)
+    lens = [0, 5, 700, 4097]
+    q, kb, vb = _block_inputs(geom, len(lens), gen)
+    cache = random_paged_context(geom, lens, 64, "cuda", gen)
+    kw = dict(mask=geom.mask, window=geom.window)
+    assert impl.supports(Problem(geom, "paged", 64, len(lens), max(lens)), 90) is None
+    ref = reference.paged_attention(q, kb, vb, *cache, **kw)
+    _poison_allocator(q)
+    _assert_close(impl.paged_attention(q, kb, vb, *cache, **kw), ref, geom.dtype)

@@ -66,8 +66,10 @@ def test_only_the_wgmma_path_takes_it():
     for name in ("qwen3-8b-dflash-b16", "gpt-oss-20b-dflash", "mimo-dflash",
                  "qwen3-coder-30b-dflash"):
         assert backend.supports(_problem(name)) is None, name
-    # laguna: 144 query rows = 9 warps, not whole warpgroups (mma.sync, Q in shared memory)
-    reason = backend.supports(_problem("laguna-dflash"))
+    # laguna: 144 query rows = 9 warps; SM 90 pads them to 3 warpgroups, which take it; its
+    # mma.sync variant (16-key tiles) does not
+    assert backend.supports(_problem("laguna-dflash")) is None
+    reason = registry.from_spec("cupy:overlap=1,tile_n=16").supports(_problem("laguna-dflash"))
     assert reason and "overlap=1 needs the sm_90a wgmma path" in reason and "9 warps" in reason
     reason = registry.from_spec("cupy:overlap=2,wgmma=0").supports(_problem(MAIN_PRESET))
     assert reason and "wgmma=0 (mma.sync) has no overlap variant" in reason

@@ -12,7 +12,9 @@
 - Pages >= 64, the arena and the mma.sync path compile to the same SASS as before the change
   (digests in tests/data/sass_unchanged.json, recorded with the NVRTC named there; skipped
   under another NVRTC). After an intended change to that code, rewrite them:
-  `python tests/test_page_small.py --update`.
+  `python tests/test_page_small.py --update`. The entries after the first nine were added with
+  the GQA 9 change (tests/test_gqa9.py) and recorded from the sources before it (commit
+  c38ce36): the pipelined SM 90 defaults and laguna's mma.sync default.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from drafter_attn.kernels import static_profile as sp  # noqa: E402
 from drafter_attn.kernels.presets import MAIN_PRESET, get_preset  # noqa: E402
 
 GPT_OSS = "gpt-oss-20b-dflash"
+QWEN3_CODER = "qwen3-coder-30b-dflash"  # 128 rows: 8 warps
+LAGUNA = "laguna-dflash"  # 144 rows: 9 warps
+LAGUNA_DEFAULT = {"tile_n": 16, "stages": 6, "q_smem": True}
 PAGES = (8, 16, 32, 64, 128, None)
 DIGESTS = Path(__file__).parent / "data" / "sass_unchanged.json"
 # (preset, page, sm, params): code the page-16 change must leave byte-identical
@@ -42,6 +47,16 @@ UNCHANGED = [
     (GPT_OSS, 64, 90, {}), (GPT_OSS, 128, 90, {}), (GPT_OSS, None, 90, {}),
     (MAIN_PRESET, 16, 90, {"wgmma": False}), (MAIN_PRESET, 8, 90, {"wgmma": False}),
     (MAIN_PRESET, 16, 100, {}),
+    # and the GQA 9 change (issue 12: padded warpgroups, a predicated last load iteration, lane
+    # page-id slots on the interleaved mapping) must leave these: the pipelined defaults of SM 90
+    # (4 and 8 warps, pages below and above a tile, the arena, head_dim 64) and laguna's
+    # many-warp mma.sync default on SM 90 and SM 100
+    (MAIN_PRESET, 64, 90, {"overlap": 2}), (MAIN_PRESET, 16, 90, {"overlap": 2}),
+    (MAIN_PRESET, 8, 90, {"overlap": 2}), (MAIN_PRESET, None, 90, {"overlap": 2}),
+    (GPT_OSS, 16, 90, {"overlap": 2}), (QWEN3_CODER, 64, 90, {"overlap": 2}),
+    (QWEN3_CODER, 16, 90, {"overlap": 2}),
+    (LAGUNA, 64, 90, LAGUNA_DEFAULT), (LAGUNA, 16, 90, LAGUNA_DEFAULT),
+    (LAGUNA, 64, 100, LAGUNA_DEFAULT),
 ]
 
 
@@ -83,6 +98,12 @@ LAYOUT_CASES = [
     (128, 128, 4, 1, 8, 4, 1), (128, 128, 4, 1, 32, 1, 1), (128, 32, 4, 1, 8, 1, 1),
     (128, 64, 8, 1, 8, 1, 1), (128, 64, 16, 1, 16, 1, 1),
     (128, 64, 4, 0, 8, 1, 1), (128, 16, 9, 0, 8, 1, 1),  # mma.sync: untouched, checked alike
+    # 3 warpgroups (GQA 9 padded, GQA 12; tests/test_gqa9.py): a predicated last load iteration,
+    # the interleaved mapping with one page id per lane slot (LANE_IDS)
+    (128, 32, 12, 1, 8, 2, 1), (128, 32, 12, 1, 16, 2, 1), (128, 32, 12, 1, 32, 1, 1),
+    (128, 32, 12, 1, 64, 1, 1), (128, 32, 12, 1, 0, 1, 1), (128, 64, 12, 1, 16, 3, 1),
+    (128, 64, 12, 1, 8, 3, 1), (128, 128, 12, 1, 64, 6, 1), (64, 32, 12, 1, 16, 1, 1),
+    (64, 64, 12, 1, 8, 2, 1), (128, 64, 8, 1, 16, 1, 1),
 ]
 
 
@@ -195,7 +216,8 @@ if __name__ == "__main__":  # python tests/test_page_small.py --update
         raise SystemExit("usage: python tests/test_page_small.py --update")
     data = {"nvrtc": "{}.{}".format(*nvrtc.nvrtc_version()),
             "note": "drafter_attention SASS (static_profile.sass_digest) of code the page-16 "
-                    "change (issue 12) must not touch; tests/test_page_small.py",
+                    "change and the GQA 9 change (issue 12) must not touch, recorded from the "
+                    "sources before them; tests/test_page_small.py",
             "digests": _digests()}
     DIGESTS.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {DIGESTS}: {len(data['digests'])} digests")

@@ -62,9 +62,14 @@ constexpr int DTILES = D / 8;
 constexpr int TILE_ELEMS = N * D;
 constexpr int HALF_ELEMS = N * 64;
 constexpr bool CONTIG = false;
-constexpr int ITERS = CHUNKS / NT;
+// Load iterations: CHUNKS / NT, or one more, predicated, where the thread count does not divide
+// the chunk count (3 warpgroups, 384 threads: the padded 144-row CTAs of GQA 9, issue 12). A
+// warp instruction loads 32 consecutive chunks (4 row segments of one half), so that predicate
+// (tid + it * NT < CHUNKS in issue) is uniform across a warp: the warps whose unit
+// warp + NUM_WARPS * it lies past the tile's last skip the last iteration whole.
+constexpr int ITERS = (CHUNKS + NT - 1) / NT;
 constexpr int QUADS = N / 4;  // 4-row groups per tile
-static_assert(CHUNKS % NT == 0 && D % 64 == 0, "wgmma tile loads need whole warps and halves");
+static_assert(CHUNKS % 32 == 0 && D % 64 == 0, "wgmma tile loads need whole warps and halves");
 constexpr bool GROUPED = QUADS % NUM_WARPS == 0;  // a thread's rows cover QUADS / NUM_WARPS quads
 constexpr int QPW = GROUPED ? QUADS / NUM_WARPS : 1;  // quads a warp loads per 64-column half
 // Pages smaller than a tile (PAGE_SIZE < N, WARP_ROWS): warp w loads the QPW consecutive quads
@@ -103,9 +108,14 @@ DRAFTER_HD __forceinline__ int page_slot(int it) {
 // tile) and issue() takes id j from lane j with a shuffle. PG separate loads per thread, in flight
 // across the math, made ptxas wait for them at the QK^T WARPGROUP.ARRIVE: every tile paid a
 // table round trip (results/perf-notes.md, "Page 16 on the wgmma path").
-constexpr int PGR = WARP_ROWS ? 1 : PG;
+// The interleaved mapping (not GROUPED: 12 warps, whose quads do not divide among them) has the
+// same property at pages smaller than a tile: iteration j's rows are one quad of 4 rows, chosen
+// by warp and j alone, so slot j's page id is warp-uniform too and lane j looks it up (LANE_IDS).
+constexpr bool LANE_IDS = WARP_ROWS || (!GROUPED && PAGE_SIZE > 0 && PAGE_SIZE < N);
+static_assert(PG <= 32, "one lane per page-id slot");
+constexpr int PGR = LANE_IDS ? 1 : PG;
 DRAFTER_HD __forceinline__ int lookup_row(int tid, int j) {
-  return WARP_ROWS ? page_row(tid, PG == 1 ? 0 : (tid & 31) % PG) : page_row(tid, j);
+  return LANE_IDS ? page_row(tid, PG == 1 ? 0 : (tid & 31) % PG) : page_row(tid, j);
 }
 #else
 constexpr int TILE_ELEMS = N * ROW_STRIDE;
@@ -128,6 +138,12 @@ DRAFTER_HD __forceinline__ int page_slot(int it) { return PG == 1 ? 0 : it; }
 constexpr int PGR = PG;
 DRAFTER_HD __forceinline__ int lookup_row(int tid, int j) { return page_row(tid, j); }
 #endif
+
+// Packed query row of a thread's accumulator rows: half 0 holds row g = lane / 4 of its warp's
+// 16 (this), half 1 row g + 8 (the m16n8 C layout; on the wgmma path warp w's rows are rows
+// 16 (w % 4) .. +15 of its warpgroup's 64, the same packed rows). Rows >= M = Qb * G (the
+// padding of the last warp or warpgroup) hold zero Q and are never stored.
+DRAFTER_HD __forceinline__ int query_row(int warp, int g) { return warp * 16 + g; }
 
 static_assert(D % 16 == 0 && N % 16 == 0, "tile shapes must be multiples of 16");
 static_assert(NT % CPR == 0, "a thread must keep its column across load iterations");
@@ -196,7 +212,7 @@ __device__ __forceinline__ void attention_body(
   // ---- Q: A operand of S = Q K^T. Kept in registers, or (Q_SMEM, for many-warp CTAs whose
   // per-thread register budget is small) in shared memory behind the K/V stages, re-read per tile.
   const int g = lane >> 2, t4 = lane & 3;
-  const int r0 = warp * 16 + g, r1 = r0 + 8;
+  const int r0 = query_row(warp, g), r1 = r0 + 8;
   const int i0 = min(r0 / group, qb - 1), i1 = min(r1 / group, qb - 1);
 #if Q_SMEM
   elem_t* sQ = sV + V_STAGES * TILE_ELEMS;  // [NUM_WARPS*16][ROW_STRIDE]
@@ -332,8 +348,9 @@ __device__ __forceinline__ void attention_body(
   }
   if (STAGES < n_iter) lookup(STAGES, pg);
 
-  // Every warpgroup has query rows here (NUM_WARPS = max(4, ceil(M / 16)), whole warpgroups),
-  // so no warp skips the math: a warp-dependent branch around wgmmas in flight makes ptxas
+  // Every warpgroup has query rows here (NUM_WARPS = 4 * ceil(M / 64) on this path, whole
+  // warpgroups; the rows past M of the last one are zero Q rows, never stored), so no warp
+  // skips the math: a warp-dependent branch around wgmmas in flight makes ptxas
   // serialize them (C7519).
   float sc[NTILES][4], sn[NTILES][4];
 #pragma unroll
