@@ -63,16 +63,20 @@ def _source_commits(repo: Path, limit: int) -> dict[str, str]:
     out: dict[str, str] = {}
     for commit in commits:  # newest first: an older commit of the same digest overwrites
         try:
-            listing = _git("ls-tree", commit, f"{CUDA_DIR}/", repo=repo).splitlines()
+            out[digest_of(sources_at(commit, repo))] = commit
         except subprocess.SubprocessError:
             continue
-        files = {}
-        for line in listing:
-            meta, _, path = line.partition("\t")
-            if meta.split()[1] == "blob":
-                files[path.rsplit("/", 1)[-1]] = _git("show", f"{commit}:{path}", repo=repo, text=False)
-        out[digest_of(files)] = commit
     return out
+
+
+def sources_at(commit: str, repo: Path = REPO) -> dict[str, bytes]:
+    """{file name: contents} of kernels/cuda at `commit` (SubprocessError if git cannot say)."""
+    files = {}
+    for line in _git("ls-tree", commit, f"{CUDA_DIR}/", repo=repo).splitlines():
+        meta, _, path = line.partition("\t")
+        if meta.split()[1] == "blob":
+            files[path.rsplit("/", 1)[-1]] = _git("show", f"{commit}:{path}", repo=repo, text=False)
+    return files
 
 
 def commit_for_sources(sources_hash: str | None, repo: Path = REPO, limit: int = 200) -> str | None:
@@ -88,13 +92,15 @@ def commit_for_sources(sources_hash: str | None, repo: Path = REPO, limit: int =
 
 
 def export_table(db_path, sms=None, *, include_predicted: bool = False, resolve_commits: bool = True,
-                 gpu_classes: dict | None = None) -> dict:
+                 gpu_classes: dict | None = None, sources_hash: str | None = None) -> dict:
     """The tuned table of `db_path` (SMs `sms`, default all): winners with provenance. Rows
     that cannot be read are left out with a warning. `gpu_classes` ({class: [GPU names]})
-    declares GPUs that may use each other's entries."""
+    declares GPUs that may use each other's entries. `sources_hash`: only rows measured on
+    those kernel sources (e.g. today's, leaving out rows `tuner rekey` left stale)."""
     # read-only (immutable where the file's folder is), as the runtime reads it: exporting
     # never writes to the database, and works on an installed package's read-only profiles
-    rows = [r for r in tuned_table.read_db_rows(db_path) if not sms or r["sm"] in sms]
+    rows = [r for r in tuned_table.read_db_rows(db_path) if (not sms or r["sm"] in sms)
+            and (sources_hash is None or r["sources_hash"] == sources_hash)]
     entries = tuned_table.select_entries(rows, include_predicted=include_predicted,
                                          where=f"profile database {db_path}")
     if resolve_commits:
@@ -102,7 +108,7 @@ def export_table(db_path, sms=None, *, include_predicted: bool = False, resolve_
             e["provenance"]["commit"] = commit_for_sources(e["provenance"]["sources_hash"])
     source = {"generator": "tuner export", "db": str(Path(db_path).resolve()), "commit": head_commit(),
               "sms": sorted({e["sm"] for e in entries}), "requested_sms": list(sms) if sms else None,
-              "include_predicted": include_predicted,
+              "include_predicted": include_predicted, "sources_hash": sources_hash,
               "rows": len(rows), "entries": len(entries)}
     return tuned_table.make_table(entries, source, gpu_classes=gpu_classes)
 

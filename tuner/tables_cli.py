@@ -1,6 +1,8 @@
 """`tuner` subcommands for tuned tables and deployment decisions (registered by tuner.cli):
 
     tuner export --sm 90 --out profiles/sm90.json     tuned table (JSON) for the runtime
+    tuner rekey --from COMMIT [--dry-run]             carry rows across a source edit that left
+                                                     their kernels' machine code unchanged
     tuner diff A.json B.json [--threshold 0.05] [--gate]
     tuner repeat A.db B.db [--figure F.png] [--gate]  the same sweep twice: winner flips, spread
     tuner predict --sm 100 [--from 90] [--gpu B200]  roofline-projected rows (provenance predicted)
@@ -75,7 +77,8 @@ def cmd_export(args) -> int:
     path = args.db or _default_source(args.sm, ("db",))
     try:
         table = export_table(path, args.sm, include_predicted=args.include_predicted,
-                             resolve_commits=not args.no_commits, gpu_classes=dict(args.gpu_class or []))
+                             resolve_commits=not args.no_commits, gpu_classes=dict(args.gpu_class or []),
+                             sources_hash=_todays_sources() if args.current_sources else None)
         out = writable_file(args.out)
     except (SchemaError, TableError, OutputError) as exc:
         return _fail("export", exc)
@@ -87,6 +90,26 @@ def cmd_export(args) -> int:
     kinds = sorted({e["provenance"]["kind"] for e in table["entries"]})
     print(f"{n} tuned entries ({', '.join(kinds)}; sm {', '.join(map(str, table['source']['sms']))}) "
           f"from {table['source']['rows']} rows of {path} -> {out}", file=sys.stderr)
+    return 0
+
+
+def _todays_sources() -> str:
+    from drafter_attn.kernels import nvrtc
+
+    return nvrtc.sources_digest()
+
+
+def cmd_rekey(args) -> int:
+    import subprocess
+
+    from drafter_attn.tuner.rekey import rekey_from_commit, summary_text
+
+    path = args.db or _default_source(None, ("db",))
+    try:
+        summary = rekey_from_commit(path, args.from_commit, jobs=args.jobs, dry_run=args.dry_run)
+    except (SchemaError, subprocess.SubprocessError, RuntimeError) as exc:
+        return _fail("rekey", exc)
+    print(summary_text(summary))
     return 0
 
 
@@ -247,7 +270,7 @@ def _gated(p, gate_help: str, func) -> None:
 
 
 def add_commands(sub, add_db) -> None:
-    """Register export, diff, repeat, predict, auto and rounding on tuner's subparsers."""
+    """Register export, rekey, diff, repeat, predict, auto and rounding on tuner's subparsers."""
     p = sub.add_parser("export", help="write a tuned table (JSON) for the runtime",
                        description="Winners per (SM, problem) from the profile database, with the "
                        "bucket rules of the runtime and provenance per entry (sweep, commit of the "
@@ -261,7 +284,22 @@ def add_commands(sub, add_db) -> None:
     p.add_argument("--gpu-class", action="append", type=_gpu_class, metavar="CLASS=GPU[,GPU...]",
                    help="declare GPUs that may use each other's entries (the runtime uses an entry "
                         "only on the GPU it was measured on, or on a GPU of its class); repeatable")
+    p.add_argument("--current-sources", action="store_true",
+                   help="only rows measured on this checkout's kernel sources (leaves out rows "
+                        "`tuner rekey` left stale)")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("rekey", help="carry rows across a kernel-source edit that left their machine code unchanged",
+                       description="Compiles every kernel each row measured on the sources of git commit "
+                       "FROM loaded, with that commit's kernels package and with this one (no GPU), "
+                       "and moves the rows whose SASS and kernel resources are unchanged to today's "
+                       "sources hash; the rest stay stale for the next sweep to measure again.")
+    add_db(p)
+    p.add_argument("--from", dest="from_commit", required=True, metavar="COMMIT",
+                   help="the git commit whose kernel sources the rows were measured on")
+    p.add_argument("--jobs", type=int, help="compile processes (default: every core)")
+    p.add_argument("--dry-run", action="store_true", help="say what would move; change nothing")
+    p.set_defaults(func=cmd_rekey)
 
     p = sub.add_parser("diff", help="compare two tuned tables (winner flips, slowdowns)")
     p.add_argument("a", help="the old table")

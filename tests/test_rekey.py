@@ -1,0 +1,125 @@
+"""tuner rekey: rows move to today's sources hash only where every kernel they ran compiles to
+the same machine code from the old kernels package and from today's (no GPU; NVRTC and cuobjdump)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from drafter_attn.kernels import nvrtc, static_profile
+from drafter_attn.tuner import rekey
+from drafter_attn.tuner.db import ProfileDB
+from drafter_attn.tuner.export import digest_of, export_table
+from tests.profile_fakes import H200, build_db
+
+pytestmark = pytest.mark.skipif(static_profile.cuobjdump_path() is None, reason="no cuobjdump")
+
+KERNELS = Path(nvrtc.__file__).resolve().parent
+# the row's resolved params (as a sweep records them): the SM 90 default of the main preset
+PARAMS = dict(min_ctas=1, num_splits=0, overlap=2, q_smem=False, skip_compute=False,
+              skip_loads=False, stages=3, tile_n=64, wgmma=None)
+
+
+def _old_package(tmp_path: Path, edit=None) -> tuple[Path, str]:
+    """A copy of today's kernels package as tmp/old/drafter_attn/kernels, its CUDA sources
+    passed through `edit` ({name: text} -> None, in place); returns (root, sources hash)."""
+    root = tmp_path / "old"
+    dest = root / "drafter_attn" / "kernels"
+    shutil.copytree(KERNELS, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    if edit:
+        texts = {p.name: p.read_text() for p in (dest / "cuda").glob("*.cu*")}
+        edit(texts)
+        for name, text in texts.items():
+            (dest / "cuda" / name).write_text(text)
+    files = {p.name: p.read_bytes() for p in (dest / "cuda").glob("*.cu*")}
+    return root, digest_of(files)
+
+
+def _db(tmp_path: Path, sources_hash: str, rows=None) -> Path:
+    path = tmp_path / "p.db"
+    rows = rows or [dict(params=PARAMS, median_us=90.0),
+                    dict(params=PARAMS, batch=32, median_us=290.0),
+                    dict(impl="reference", params={}, median_us=900.0)]
+    build_db(path, {"h200": (dict(H200, sources_hash=sources_hash), rows)})
+    return path
+
+
+def _hashes(path: Path) -> dict:
+    with ProfileDB(path, create=False) as db:
+        return {r["id"]: r["sources_hash"] for r in db.query(
+            "SELECT r.id, e.sources_hash FROM results r JOIN environments e USING (env_id)")}
+
+
+def test_a_comment_edit_moves_every_row_to_todays_hash(tmp_path):
+    def comment(texts):
+        texts["drafter_attention.cu"] = "// an old comment\n" + texts["drafter_attention.cu"]
+
+    root, old_hash = _old_package(tmp_path, comment)
+    today = nvrtc.sources_digest()
+    assert old_hash != today
+    path = _db(tmp_path, old_hash)
+    dry = rekey.rekey(path, root, old_hash, jobs=2, dry_run=True)
+    assert (dry["moved"], dry["stale"]) == (3, 0)
+    assert set(_hashes(path).values()) == {old_hash}  # a dry run changes nothing
+    s = rekey.rekey(path, root, old_hash, jobs=2, source="test")
+    assert (s["moved"], s["stale"]) == (3, 0)
+    assert set(_hashes(path).values()) == {today}
+    with ProfileDB(path, create=False) as db:
+        record = [json.loads(r["value"]) for r in db.query("SELECT * FROM meta WHERE key LIKE 'rekey %'")]
+    assert [(r["from_hash"], r["to_hash"], r["moved"]) for r in record] == [(old_hash, today, 3)]
+    # the export now carries today's hash, and a second run finds nothing left to move
+    entries = export_table(path, [90], resolve_commits=False, sources_hash=today)["entries"]
+    assert entries and {e["provenance"]["sources_hash"] for e in entries} == {today}
+    assert rekey.rekey(path, root, old_hash, jobs=2)["moved"] == 0
+
+
+def test_a_code_edit_leaves_the_rows_that_ran_it_stale(tmp_path):
+    """An old store kernel that differs (every paged row ran it): those rows stay on the old
+    hash, the torch reference (no kernels of this package) moves, and an export limited to
+    today's sources leaves the stale rows out."""
+    def store(texts):
+        old = "const int n = max(0, min(min(num_new[b], T), capacity - P));"
+        assert old in texts["combine_store.cuh"]
+        texts["combine_store.cuh"] = texts["combine_store.cuh"].replace(
+            old, "const int n = max(0, min(num_new[b], capacity - P));")
+
+    root, old_hash = _old_package(tmp_path, store)
+    path = _db(tmp_path, old_hash)
+    s = rekey.rekey(path, root, old_hash, jobs=2)
+    assert (s["moved"], s["stale"]) == (1, 2)
+    assert any("cupy: kernels changed" in k for k in s["stale_kinds"])
+    hashes = _hashes(path)
+    assert sorted(hashes.values()).count(old_hash) == 2
+    today = nvrtc.sources_digest()
+    entries = export_table(path, [90], resolve_commits=False, sources_hash=today)["entries"]
+    assert {e["impl"] for e in entries} == {"reference"}
+    assert "stay stale" in rekey.summary_text(s)
+
+
+def test_rows_of_a_row_that_no_longer_compiles_stay_stale(tmp_path):
+    """A parameter today's kernels refuse (tile_n 48) is an error, never 'unchanged'."""
+    root, old_hash = _old_package(tmp_path, lambda t: t.update(
+        {"drafter_attention.cu": "\n" + t["drafter_attention.cu"]}))
+    path = _db(tmp_path, old_hash, [dict(params=dict(PARAMS, tile_n=48), median_us=50.0)])
+    s = rekey.rekey(path, root, old_hash, jobs=2)
+    assert (s["moved"], s["stale"]) == (0, 1)
+    assert all("error" in k for k in s["stale_kinds"])
+
+
+def test_the_same_sources_need_no_rekey(tmp_path):
+    path = _db(tmp_path, nvrtc.sources_digest())
+    s = rekey.rekey_from_commit(path, "HEAD") if _head_has_todays_sources() else \
+        rekey.rekey(path, tmp_path, nvrtc.sources_digest())
+    assert s["moved"] == 0 and "nothing to do" in s["note"]
+
+
+def _head_has_todays_sources() -> bool:
+    from drafter_attn.tuner.export import sources_at
+
+    try:
+        return digest_of(sources_at("HEAD")) == nvrtc.sources_digest()
+    except Exception:  # noqa: BLE001 - no git (an installed package)
+        return False

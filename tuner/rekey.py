@@ -1,0 +1,128 @@
+"""Carry measurements across a kernel-source edit that leaves their machine code unchanged.
+
+The runtime trusts a profile row only for the kernel sources it was measured on (the hash of
+kernels/cuda, `kernels.nvrtc.sources_digest`). An edit that changes no kernel a row ran (a
+comment; a path behind a define those rows never set) would otherwise turn every row into a
+miss until the whole profile is measured again. `rekey` proves it row by row: it compiles every
+kernel each row's measurement loaded (its attention and store variants, from the row's resolved
+parameters) twice, with the old revision's kernels package (its sources *and* its host code that
+turns parameters into defines) and with today's, and moves the rows whose machine code is the
+same (every kernel's SASS and registers, stack, shared and local memory; tuner/kernel_digests.py)
+to an environment of today's hash. Rows with any changed or uncompilable kernel
+stay where they were: stale, measured again by the next sweep (which skips the moved rows, as
+it skips any row its environment already holds). Each run is recorded in the database's `meta`
+table ("rekey <time>").
+
+What it does not prove, like the hash itself: host-side launch choices outside the kernels
+(split counts, grids) and the compiler on the measuring machine (the code is compared as this
+machine's NVRTC builds it; another NVRTC version could in principle treat the changed lines
+differently).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from drafter_attn.tuner import db as dbm
+from drafter_attn.tuner.export import REPO, digest_of, sources_at
+
+DIGESTS_SCRIPT = Path(__file__).resolve().parent / "kernel_digests.py"
+_ROW_SQL = """
+SELECT r.id, r.env_id, r.candidate_key, r.impl, r.params, r.preset, e.sm,
+       r.num_q_heads, r.num_kv_heads, r.head_dim, r.block_size, r.mask, r.window, r.num_layers,
+       r.dtype, r.layout, r.page_size, r.batch, r.ctx_len
+FROM results r JOIN environments e USING (env_id) WHERE e.sources_hash = ?
+"""
+
+
+def kernel_digests(rows: list[dict], root: Path | None = None, jobs: int | None = None) -> dict:
+    """{row id: cubin digest or "error: ..."} from tuner/kernel_digests.py, run against this
+    installation or against the kernels package under `root`."""
+    cmd = [sys.executable, str(DIGESTS_SCRIPT)]
+    if root is not None:
+        cmd += ["--root", str(root)]
+    if jobs:
+        cmd += ["--jobs", str(jobs)]
+    wire = [{**r, "params": json.loads(r["params"])} for r in rows]
+    done = subprocess.run(cmd, input=json.dumps(wire), capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(cmd[1:])} failed:\n{done.stderr[-2000:]}")
+    return {int(k): v for k, v in json.loads(done.stdout).items()}
+
+
+def export_package(commit: str, dest: Path, repo: Path = REPO) -> Path:
+    """kernels/ of `commit` as dest/drafter_attn/kernels (what kernel_digests.py --root takes)."""
+    archive = subprocess.run(["git", "-C", str(repo), "archive", "--prefix=drafter_attn/", commit,
+                              "kernels"], capture_output=True, check=True, timeout=120).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True, timeout=120)
+    return dest
+
+
+def rekey(db_path, old_root: Path, old_hash: str, *, new_hash: str | None = None,
+          source: str = "", jobs: int | None = None, dry_run: bool = False) -> dict:
+    """Move the rows of `db_path` measured on sources `old_hash` (whose kernels package lies
+    under `old_root`) whose kernels compile byte-identical today to an environment of today's
+    hash (`new_hash`, default this checkout's). Returns what moved and what stayed."""
+    from drafter_attn.kernels import nvrtc
+
+    new_hash = new_hash or nvrtc.sources_digest()
+    summary = {"from_hash": old_hash, "to_hash": new_hash, "from": source,
+               "nvrtc": ".".join(map(str, nvrtc.nvrtc_version())), "moved": 0, "stale": 0,
+               "stale_kinds": {}, "dry_run": dry_run}
+    if old_hash == new_hash:
+        return {**summary, "note": "the sources are the same: nothing to do"}
+    with dbm.ProfileDB(db_path, create=False) as db:
+        rows = db.query(_ROW_SQL, (old_hash,))
+        if not rows:
+            return {**summary, "note": f"no rows measured on sources {old_hash[:12]}"}
+        old = kernel_digests(rows, old_root, jobs)
+        new = kernel_digests(rows, None, jobs)
+        same = [r for r in rows if old[r["id"]] == new[r["id"]]
+                and not old[r["id"]].startswith("error")]
+        moved_ids = {r["id"] for r in same}
+        for r in rows:
+            if r["id"] not in moved_ids:
+                why = new[r["id"]] if new[r["id"]].startswith("error") else "kernels changed"
+                kind = f"{r['preset'] or 'custom'} {r['impl']}: {why[:120]}"
+                summary["stale_kinds"][kind] = summary["stale_kinds"].get(kind, 0) + 1
+        summary["stale"] = len(rows) - len(same)
+        summary["moved"] = len(same)
+        if dry_run or not same:
+            return summary
+        with db.transaction():
+            targets = {}
+            for env in db.query("SELECT * FROM environments WHERE sources_hash = ?", (old_hash,)):
+                fp = {**json.loads(env["fingerprint"]), "sources_hash": new_hash}
+                targets[env["env_id"]] = db.add_environment(fp)
+            for r in same:
+                target = targets[r["env_id"]]
+                clash = db.query("SELECT 1 FROM results WHERE env_id = ? AND candidate_key = ?",
+                                 (target, r["candidate_key"]))
+                if clash:  # measured again on today's sources already: that row stands
+                    summary["moved"] -= 1
+                    continue
+                db.conn.execute("UPDATE results SET env_id = ? WHERE id = ?", (target, r["id"]))
+            summary["envs"] = targets
+            db.conn.execute("INSERT INTO meta (key, value) VALUES (?, ?)",
+                            (f"rekey {dbm.now()}", dbm.canonical_json(summary)))
+    return summary
+
+
+def rekey_from_commit(db_path, commit: str, repo: Path = REPO, **kw) -> dict:
+    """`rekey` with the old kernels taken from git commit `commit` of `repo`."""
+    old_hash = digest_of(sources_at(commit, repo))
+    with tempfile.TemporaryDirectory(prefix="rekey-") as tmp:
+        export_package(commit, Path(tmp), repo)
+        return rekey(db_path, Path(tmp), old_hash, source=f"commit {commit}", **kw)
+
+
+def summary_text(s: dict) -> str:
+    head = (f"{'would move' if s['dry_run'] else 'moved'} {s['moved']} rows from sources "
+            f"{s['from_hash'][:12]} ({s['from'] or '?'}) to {s['to_hash'][:12]}; {s['stale']} stay "
+            f"stale (measure them again)")
+    lines = [s["note"]] if "note" in s else [head]
+    lines += [f"  {n:5d}  {k}" for k, n in sorted(s["stale_kinds"].items(), key=lambda kv: -kv[1])]
+    return "\n".join(lines)
