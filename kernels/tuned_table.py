@@ -116,10 +116,12 @@ def rank_key(kind: str, per_layer: float) -> tuple:
 
 
 # A candidate that is not its backend's default parameter set wins a key only by more than this
-# share of the default's time per layer. One candidate's run-to-run spread on the H200 is 0.2%
-# (median) and 0.9% (p90) (`tuner repeat`, results/sm90-2026-11-30/repeatability/): a smaller
-# lead is noise, and the default is the kernel every test runs.
-TIE_MARGIN = 0.01
+# share of the default's time per layer. One candidate's run-to-run spread on the H200 is
+# 0.2% (median) and 0.9-1.2% (p90), up to 5% (`tuner repeat` of two sweep pairs,
+# results/sm90-2026-11-30/repeatability/ and sm90-2026-12-01/repeatability/): a lead under 2%
+# is not reliably there in a second run (at 1%, 5 of 36 keys flipped between two runs), and the
+# default is the kernel every test runs.
+TIE_MARGIN = 0.02
 
 
 def is_default(row: dict) -> bool:

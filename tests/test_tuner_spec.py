@@ -53,13 +53,13 @@ def test_shipped_sm90_specs():
     assert full.backends == ["cupy", "cutlass"] and rep.backends == ["cupy"]
     assert full.params["cutlass"] == [{}, {"wgmma": True}]
     assert full.page_sizes == rep.page_sizes == [16, 64, 128] and full.arena and not rep.arena
-    # 4 layouts x 14 (batch, ctx) of at most 2M tokens; 6 parameter sets, 4 for laguna (whose
-    # defaults already keep Q in shared memory and, on mma.sync, have no overlap)
+    # 4 layouts x 14 (batch, ctx) of at most 2M tokens; 6 parameter sets, 5 for laguna (whose
+    # padded wgmma default is not pipelined: `overlap = 0` is its default)
     assert len(full.problems()) == 4 * 4 * 14 and max(p.batch * p.ctx_len for _, p in full.problems()) == 1 << 21
     cupy = [c for c in full.candidates() if c.impl == "cupy"]
-    assert len(cupy) == 3 * 56 * 6 + 56 * 4 == 1232
-    assert len(full.candidates()) == 1232 + 224 * 2  # cutlass: both paths at every key
-    assert len(rep.candidates()) == 3 * 9 * 6 + 9 * 4 == 198
+    assert len(cupy) == 3 * 56 * 6 + 56 * 5 == 1288
+    assert len(full.candidates()) == 1288 + 224 * 2  # cutlass: both paths at every key
+    assert len(rep.candidates()) == 3 * 9 * 6 + 9 * 5 == 207
     assert {c.key() for c in rep.candidates()} <= {c.key() for c in full.candidates()}
     assert all(c.target == "sm90" for c in full.candidates())
 
