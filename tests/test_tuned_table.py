@@ -230,8 +230,9 @@ def test_shipped_profiles_are_found_per_sm(monkeypatch):
 def test_shipped_sm90_table_is_the_export_of_its_database_for_todays_sources():
     """profiles/sm90.json is `tuner export` of profiles/sm90.db (same keys, same winners), and its
     entries were measured on today's kernel sources: after any edit under kernels/cuda the
-    runtime would treat every entry as a miss, so the profile must be measured again
-    (scripts/sm90_profile.sh) before such an edit lands."""
+    runtime would treat every entry as a miss, so the profile must be brought to the new
+    sources (`tuner rekey`, then scripts/sm90_profile.sh for what changed) before such an edit
+    lands."""
     from drafter_attn.kernels import nvrtc
 
     folder = shipped.shipped_dir()
@@ -242,8 +243,9 @@ def test_shipped_sm90_table_is_the_export_of_its_database_for_todays_sources():
     assert (d["flips"], d["slowdowns"], d["speedups"], d["only_a"], d["only_b"]) == ([],) * 5
     hashes = {e["provenance"]["sources_hash"] for e in shipped_table["entries"]}
     assert hashes == {nvrtc.sources_digest()}, (
-        "the kernel sources changed since profiles/sm90.json was measured: measure the profile "
-        "again (scripts/sm90_profile.sh) and export it (profiles/README.md)")
+        "the kernel sources changed since profiles/sm90.json was measured: `tuner rekey --db "
+        "profiles/sm90.db --from <commit measured>` carries the unchanged rows, "
+        "scripts/sm90_profile.sh measures the rest; then export (profiles/README.md)")
 
 
 def test_environment_overrides_the_shipped_profiles(monkeypatch, tmp_path):
