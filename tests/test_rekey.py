@@ -116,6 +116,12 @@ def test_the_same_sources_need_no_rekey(tmp_path):
     assert s["moved"] == 0 and "nothing to do" in s["note"]
 
 
+def test_an_unknown_commit_is_a_clear_error(tmp_path):
+    path = _db(tmp_path, "old")
+    with pytest.raises(RuntimeError, match="cannot read kernels/cuda at 'no-such-commit'"):
+        rekey.rekey_from_commit(path, "no-such-commit")
+
+
 def _head_has_todays_sources() -> bool:
     from drafter_attn.tuner.export import sources_at
 

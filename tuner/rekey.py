@@ -113,7 +113,12 @@ def rekey(db_path, old_root: Path, old_hash: str, *, new_hash: str | None = None
 
 def rekey_from_commit(db_path, commit: str, repo: Path = REPO, **kw) -> dict:
     """`rekey` with the old kernels taken from git commit `commit` of `repo`."""
-    old_hash = digest_of(sources_at(commit, repo))
+    try:
+        old_hash = digest_of(sources_at(commit, repo))
+    except (OSError, subprocess.SubprocessError) as exc:
+        err = getattr(exc, "stderr", "") or exc
+        raise RuntimeError(f"cannot read kernels/cuda at {commit!r} in {repo} (git: "
+                           f"{str(err).strip()[:200]})") from None
     with tempfile.TemporaryDirectory(prefix="rekey-") as tmp:
         export_package(commit, Path(tmp), repo)
         return rekey(db_path, Path(tmp), old_hash, source=f"commit {commit}", **kw)
