@@ -201,7 +201,7 @@ _BIG, _MID, _SMALL = (227 * _KB, 228 * _KB), (163 * _KB, 164 * _KB), (99 * _KB, 
 # - 80, 87: 163 KB a CTA; the SM 8x ptxas keeps 64-key tiles within 234 registers.
 # SM 107's shared memory is taken as SM 100's (the Programming Guide's table predates it).
 # CTAs of more than 8 warps use 16-key tiles in 6 stages with Q in shared memory (89 KB) on
-# every target (`default_params`).
+# every target but SM 90, which pads up to 12 warps to 3 warpgroups (`default_params`).
 SM_BUDGETS = {
     80: SmBudget(*_MID), 86: SmBudget(*_SMALL, 32, 5), 87: SmBudget(*_MID),
     88: SmBudget(*_SMALL, 32, 5), 89: SmBudget(*_SMALL, 32, 5),
