@@ -214,8 +214,8 @@ DEFAULT_OVERLAP = 2
 # CTAs of more than 8 warps: Q in shared memory, 16-key tiles in 6 stages (mma.sync; every SM but
 # SM 90, which pads them to warpgroups: PADDED_WGMMA).
 MANY_WARPS = dict(tile_n=16, stages=6, q_smem=True)
-# The same CTAs forced onto the sm_90a wgmma path (`wgmma=True`: 9-12 warps padded to 3
-# warpgroups, 384 threads, at most 168 registers a thread for one CTA per SM). ptxas -v, NVRTC
+# The same CTAs on the sm_90a wgmma path (SM 90's default, and `wgmma=True`: 9-12 warps padded
+# to 3 warpgroups, 384 threads, at most 168 registers a thread for one CTA per SM). ptxas -v, NVRTC
 # 13.5, laguna (head_dim 128, page 64): 32-key tiles with Q in registers 157 registers, no spill,
 # at 3-8 stages (and 152 at head_dim 64); 64-key tiles spill 24 bytes (Q in registers) or 104
 # (Q in shared memory), the pipelined variants (overlap 1/2) 28-336. One CTA per SM either way
