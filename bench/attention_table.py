@@ -11,6 +11,12 @@ The table shows the attention half beside the read floor of the attention's own 
 baselines (kernels.baselines: flashinfer-fa2, flashinfer-fa2-graph, trtllm-xqa) are measured by
 tuner.measure.measure_baseline. Prints a table and writes attention.csv (after every row),
 attention.json and attention.md under --out.
+
+Ratios of a few percent (paged over arena, one variant over another) drift with the machine
+between measurements minutes apart more than within one. `--rounds N` measures every point's
+columns N times, interleaved (all of a point's kernels, then all again), computes each ratio
+within a round, and adds a summary per point: the median over rounds and the ratios' range
+(attention_rounds.md / .csv).
 """
 
 from __future__ import annotations
@@ -30,8 +36,9 @@ from drafter_attn.kernels import baselines, registry
 from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
 from drafter_attn.kernels.spec import Problem
 
-COLUMNS = ("impl", "layout", "page", "batch", "ctx", "attn_us", "read_floor_us", "x_floor",
+COLUMNS = ("impl", "layout", "page", "batch", "ctx", "round", "attn_us", "read_floor_us", "x_floor",
            "copy_floor_us", "p10_us", "p90_us", "over_arena", "rel_err", "status", "reason")
+POINT = ["impl", "layout", "page", "batch", "ctx"]
 
 
 def _candidate(spec: str, geometry, layout: str, page: int | None, batch: int, ctx: int, preset: str):
@@ -86,14 +93,32 @@ def measure_base(name: str, geometry, page: int, batch: int, ctx: int, *, reps: 
 
 
 def with_overheads(df: pd.DataFrame) -> pd.DataFrame:
-    """Paged over arena (same impl, batch, context), for the kernels (baselines have no arena)."""
+    """Paged over arena (same impl, batch, context and round), for the kernels (baselines have
+    no arena)."""
     if "attn_us" not in df:
         return df
-    arena = df[df.layout == "arena"].set_index(["impl", "batch", "ctx"])["attn_us"]
-    df["over_arena"] = [r.attn_us / arena.get((r.impl, r.batch, r.ctx), float("nan"))
+    if "round" not in df:
+        df["round"] = 0
+    arena = df[df.layout == "arena"].set_index(["impl", "batch", "ctx", "round"])["attn_us"]
+    df["over_arena"] = [r.attn_us / arena.get((r.impl, r.batch, r.ctx, r.round), float("nan"))
                         if r.layout == "paged" and not baselines.is_baseline(r.impl) else float("nan")
                         for r in df.itertuples()]
     return df
+
+
+def rounds_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per point over its rounds: the median attention time, its smallest and largest round, and
+    paged over arena as the median, smallest and largest of the per-round ratios (empty when no
+    point was timed)."""
+    if "attn_us" not in df:
+        return pd.DataFrame(columns=POINT)
+    ok = df.dropna(subset=["attn_us"])
+    g = ok.groupby(POINT, sort=False)
+    out = g.agg(rounds=("attn_us", "size"), attn_us=("attn_us", "median"),
+                attn_min_us=("attn_us", "min"), attn_max_us=("attn_us", "max"),
+                over_arena=("over_arena", "median"), over_arena_min=("over_arena", "min"),
+                over_arena_max=("over_arena", "max"))
+    return out.reset_index()
 
 
 def shapes(text: str) -> list[tuple[int, int]]:
@@ -108,6 +133,16 @@ def shapes(text: str) -> list[tuple[int, int]]:
         except ValueError as exc:
             raise argparse.ArgumentTypeError(f"{part!r}: {exc}") from None
     return out
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of rounds >= 1")
+    return n
 
 
 def parse_args(argv):
@@ -127,6 +162,9 @@ def parse_args(argv):
                     help="'auto' (every baseline installed that takes the geometry), 'none', or a "
                          f"comma list of {', '.join(baselines.NAMES)}")
     ap.add_argument("--reps", type=int, default=0, help="timed replays per timing (0: from the step's length)")
+    ap.add_argument("--rounds", type=_positive, default=1,
+                    help="measure each point's columns this many times, interleaved, and summarize "
+                         "the per-round ratios (default 1)")
     ap.add_argument("--db", default=None, metavar="PATH", help="profile database to record into "
                     "(default: as tuner: $DRAFTER_DB, else the checkout's profiles/profile.db)")
     ap.add_argument("--out", default=None, help="folder for CSV/JSON/markdown")
@@ -217,19 +255,22 @@ def main(argv=None) -> int:
 
         seed = 0
         for batch, ctx in points:
-            for spec in args.impl.split(";"):
-                for page in [*args.page, None]:
-                    keep(measure_kernel(spec, geometry, "paged" if page else "arena", page, batch, ctx,
-                                        reps=args.reps, preset=args.preset, record=record))
-            for name in names:
-                for page in args.page:
-                    if baselines.reason(name, geometry, page, sm) is None:
-                        seed += 1
-                        keep(measure_base(name, geometry, page, batch, ctx, reps=args.reps,
-                                          preset=args.preset, seed=seed, record=record))
+            for rnd in range(args.rounds):  # interleaved: every column of the point, then again
+                for spec in args.impl.split(";"):
+                    for page in [*args.page, None]:
+                        keep(dict(measure_kernel(spec, geometry, "paged" if page else "arena", page,
+                                                 batch, ctx, reps=args.reps, preset=args.preset,
+                                                 record=record), round=rnd))
+                for name in names:
+                    for page in args.page:
+                        if baselines.reason(name, geometry, page, sm) is None:
+                            seed += 1
+                            keep(dict(measure_base(name, geometry, page, batch, ctx, reps=args.reps,
+                                                   preset=args.preset, seed=seed, record=record),
+                                      round=rnd))
             torch.cuda.empty_cache()
     df = with_overheads(pd.DataFrame(rows))
-    table = df[[c for c in COLUMNS if c in df and c != "reason"]]
+    table = df[[c for c in COLUMNS if c in df and c != "reason" and (c != "round" or args.rounds > 1)]]
     print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     if out:
         df.to_csv(out / "attention.csv", index=False)
@@ -242,6 +283,17 @@ def main(argv=None) -> int:
             "attn_us: one layer's attention (median of graph replays, cold L2); read_floor_us: a streaming "
             "read of the same bytes timed the same way; x_floor = attn_us / read_floor_us.\n\n"
             + table.to_markdown(index=False, floatfmt=".4g") + "\n")
+    if args.rounds > 1:
+        summary = rounds_summary(df)
+        print(f"\nover {args.rounds} interleaved rounds (ratios taken within a round):")
+        print(summary.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+        if out:
+            summary.to_csv(out / "attention_rounds.csv", index=False)
+            (out / "attention_rounds.md").write_text(
+                f"# {args.preset}: {args.rounds} interleaved rounds per point, {meta['gpu_name']}, "
+                f"{meta['date']}\n\n`{meta['command']}`\n\nattn_us: median over rounds; "
+                "over_arena: median (min, max) of the per-round paged / arena ratios.\n\n"
+                + summary.to_markdown(index=False, floatfmt=".4g") + "\n")
     return 0
 
 

@@ -137,3 +137,51 @@ def test_attention_table_baseline_option(installed):
     assert attention_table.shapes("1x2k, 8x32k") == [(1, 2048), (8, 32768)]
     with pytest.raises(argparse.ArgumentTypeError):
         attention_table.shapes("8by32k")
+
+
+def test_attention_table_rounds_take_ratios_within_a_round():
+    """--rounds: paged over arena is taken within each round, then summarized per point; a drift
+    between rounds that moves both layouts leaves the ratio alone."""
+    import pandas as pd
+
+    from drafter_attn.bench import attention_table as at
+
+    rows = []
+    for rnd, drift in enumerate((1.0, 1.10, 0.95)):  # the machine runs 10% slower in round 1
+        rows += [dict(impl="cupy", layout="paged", page=16, batch=8, ctx=8192, round=rnd,
+                      attn_us=103.0 * drift),
+                 dict(impl="cupy", layout="arena", page=0, batch=8, ctx=8192, round=rnd,
+                      attn_us=100.0 * drift),
+                 dict(impl="flashinfer-fa2", layout="paged", page=16, batch=8, ctx=8192, round=rnd,
+                      attn_us=120.0 * drift)]
+    df = at.with_overheads(pd.DataFrame(rows))
+    paged = df[(df.layout == "paged") & (df.impl == "cupy")]
+    assert list(paged.over_arena.round(6)) == [1.03] * 3
+    assert df[df.impl == "flashinfer-fa2"].over_arena.isna().all()
+    s = at.rounds_summary(df).set_index(["impl", "layout"])
+    cupy = s.loc[("cupy", "paged")]
+    assert cupy.rounds == 3 and cupy.attn_us == 103.0 and cupy.attn_max_us == pytest.approx(113.3)
+    assert cupy.over_arena == pytest.approx(1.03) and cupy.over_arena_min == pytest.approx(1.03)
+    # a ratio that moves between rounds shows its range
+    rows[0]["attn_us"] = 106.0
+    s = at.rounds_summary(at.with_overheads(pd.DataFrame(rows))).set_index(["impl", "layout"])
+    assert s.loc[("cupy", "paged")].over_arena_max == pytest.approx(1.06)
+    assert s.loc[("cupy", "paged")].over_arena_min == pytest.approx(1.03)
+    # one round (the default): the table's ratio is the same as before rounds existed
+    one = at.with_overheads(pd.DataFrame([{k: v for k, v in r.items() if k != "round"}
+                                          for r in rows[3:6]]))
+    assert one[(one.layout == "paged") & (one.impl == "cupy")].over_arena.iloc[0] == pytest.approx(1.03)
+
+
+def test_attention_table_rounds_option():
+    import pandas as pd
+
+    from drafter_attn.bench import attention_table as at
+
+    assert at.parse_args([]).rounds == 1 and at.parse_args(["--rounds", "5"]).rounds == 5
+    failed = pd.DataFrame([dict(impl="cupy:tile_n=7", layout="paged", page=64, batch=1, ctx=1024,
+                                round=r, status="failed_unsupported") for r in range(2)])
+    assert at.rounds_summary(at.with_overheads(failed)).empty
+    for bad in ("0", "-2", "two"):
+        with pytest.raises(SystemExit):
+            at.parse_args(["--rounds", bad])
