@@ -129,3 +129,32 @@ def _head_has_todays_sources() -> bool:
         return digest_of(sources_at("HEAD")) == nvrtc.sources_digest()
     except Exception:  # noqa: BLE001 - no git (an installed package)
         return False
+
+
+def test_without_from_each_stale_hash_finds_its_commit(tmp_path, monkeypatch):
+    """`tuner rekey` without --from: every sources hash of the database other than today's is
+    looked up in git; one git knows is re-keyed from its commit, one it does not is reported."""
+    path = tmp_path / "p.db"
+    rows = [dict(params=PARAMS, median_us=90.0)]
+    build_db(path, {"known": (dict(H200, sources_hash="hash-known"), rows * 2),
+                    "unknown": (dict(H200, sources_hash="hash-unknown", driver="x"), rows),
+                    "today": (dict(H200, sources_hash=nvrtc.sources_digest(), driver="y"), rows)})
+    assert rekey.stale_sources(path) == {"hash-known": 2, "hash-unknown": 1}
+    monkeypatch.setattr(rekey, "commit_for_sources",
+                        lambda h, repo: "abc123" if h == "hash-known" else None)
+    calls = []
+    monkeypatch.setattr(rekey, "rekey_from_commit",
+                        lambda db, commit, repo, **kw: calls.append((commit, kw)) or {"note": "done"})
+    out = rekey.rekey_stale(path, dry_run=True)
+    assert calls == [("abc123", {"dry_run": True})]
+    notes = [rekey.summary_text(s) for s in out]
+    assert "done" in notes
+    assert any("no commit of this repository has them; give --from" in n for n in notes)
+
+
+def test_cli_without_from_on_todays_sources(tmp_path, capsys):
+    from drafter_attn.tuner.cli import main
+
+    path = _db(tmp_path, nvrtc.sources_digest())
+    assert main(["rekey", "--db", str(path), "--dry-run"]) == 0
+    assert "is on today's kernel sources" in capsys.readouterr().out

@@ -244,7 +244,7 @@ def test_shipped_sm90_table_is_the_export_of_its_database_for_todays_sources():
     hashes = {e["provenance"]["sources_hash"] for e in shipped_table["entries"]}
     assert hashes == {nvrtc.sources_digest()}, (
         "the kernel sources changed since profiles/sm90.json was measured: `tuner rekey --db "
-        "profiles/sm90.db --from <commit measured>` carries the unchanged rows, "
+        "profiles/sm90.db` (after committing the edit) carries the unchanged rows, "
         "scripts/sm90_profile.sh measures the rest; then export (profiles/README.md)")
 
 

@@ -5,7 +5,7 @@
     tuner compile --sm 90,107 | all       static compile profiles (no GPU needed)
     tuner merge DST SRC [SRC ...]         merge databases (e.g. from several machines)
     tuner export --sm 90 --out F.json     tuned table for the runtime (kernels.dispatch)
-    tuner rekey --from COMMIT             carry rows across a kernel-source edit that left their
+    tuner rekey [--from COMMIT]           carry rows across a kernel-source edit that left their
                                           machine code unchanged (no GPU)
     tuner diff A.json B.json [--gate]     winner flips and slowdowns between two tables
     tuner repeat A.db B.db [--figure F]   the same sweep run twice: winner flips and spread

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from drafter_attn.tuner import db as dbm
-from drafter_attn.tuner.export import REPO, digest_of, sources_at
+from drafter_attn.tuner.export import REPO, commit_for_sources, digest_of, sources_at
 
 DIGESTS_SCRIPT = Path(__file__).resolve().parent / "kernel_digests.py"
 _ROW_SQL = """
@@ -124,10 +124,37 @@ def rekey_from_commit(db_path, commit: str, repo: Path = REPO, **kw) -> dict:
         return rekey(db_path, Path(tmp), old_hash, source=f"commit {commit}", **kw)
 
 
+def stale_sources(db_path) -> dict[str, int]:
+    """{sources hash: rows} of the rows of `db_path` measured on other kernel sources than today's."""
+    from drafter_attn.kernels import nvrtc
+
+    today = nvrtc.sources_digest()
+    with dbm.ProfileDB(db_path, create=False) as db:
+        found = db.query("SELECT e.sources_hash AS h, COUNT(*) AS n FROM results r "
+                         "JOIN environments e USING (env_id) GROUP BY e.sources_hash")
+    return {r["h"]: r["n"] for r in found if r["h"] and r["h"] != today}
+
+
+def rekey_stale(db_path, repo: Path = REPO, **kw) -> list[dict]:
+    """`rekey_from_commit` for every stale sources hash of `db_path` whose commit git finds (the
+    commit that introduced those sources); a hash git does not know is reported, not guessed."""
+    out = []
+    for old_hash, rows in stale_sources(db_path).items():
+        commit = commit_for_sources(old_hash, repo)
+        if commit is None:
+            out.append({"from_hash": old_hash, "rows": rows,
+                        "note": f"{rows} rows on sources {old_hash[:12]}: no commit of this "
+                                f"repository has them; give --from"})
+            continue
+        out.append(rekey_from_commit(db_path, commit, repo, **kw))
+    return out
+
+
 def summary_text(s: dict) -> str:
-    head = (f"{'would move' if s['dry_run'] else 'moved'} {s['moved']} rows from sources "
-            f"{s['from_hash'][:12]} ({s['from'] or '?'}) to {s['to_hash'][:12]}; {s['stale']} stay "
-            f"stale (measure them again)")
-    lines = [s["note"]] if "note" in s else [head]
+    if "note" in s:
+        return s["note"]
+    lines = [f"{'would move' if s['dry_run'] else 'moved'} {s['moved']} rows from sources "
+             f"{s['from_hash'][:12]} ({s['from'] or '?'}) to {s['to_hash'][:12]}; {s['stale']} stay "
+             f"stale (measure them again)"]
     lines += [f"  {n:5d}  {k}" for k, n in sorted(s["stale_kinds"].items(), key=lambda kv: -kv[1])]
     return "\n".join(lines)

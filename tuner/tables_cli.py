@@ -1,7 +1,7 @@
 """`tuner` subcommands for tuned tables and deployment decisions (registered by tuner.cli):
 
     tuner export --sm 90 --out profiles/sm90.json     tuned table (JSON) for the runtime
-    tuner rekey --from COMMIT [--dry-run]             carry rows across a source edit that left
+    tuner rekey [--from COMMIT] [--dry-run]           carry rows across a source edit that left
                                                      their kernels' machine code unchanged
     tuner diff A.json B.json [--threshold 0.05] [--gate]
     tuner repeat A.db B.db [--figure F.png] [--gate]  the same sweep twice: winner flips, spread
@@ -102,14 +102,17 @@ def _todays_sources() -> str:
 def cmd_rekey(args) -> int:
     import subprocess
 
-    from drafter_attn.tuner.rekey import rekey_from_commit, summary_text
+    from drafter_attn.tuner.rekey import rekey_from_commit, rekey_stale, summary_text
 
     path = args.db or _default_source(None, ("db",))
     try:
-        summary = rekey_from_commit(path, args.from_commit, jobs=args.jobs, dry_run=args.dry_run)
+        if args.from_commit:
+            summaries = [rekey_from_commit(path, args.from_commit, jobs=args.jobs, dry_run=args.dry_run)]
+        else:
+            summaries = rekey_stale(path, jobs=args.jobs, dry_run=args.dry_run)
     except (SchemaError, subprocess.SubprocessError, RuntimeError) as exc:
         return _fail("rekey", exc)
-    print(summary_text(summary))
+    print("\n".join(map(summary_text, summaries)) or f"every row of {path} is on today's kernel sources")
     return 0
 
 
@@ -291,12 +294,14 @@ def add_commands(sub, add_db) -> None:
 
     p = sub.add_parser("rekey", help="carry rows across a kernel-source edit that left their machine code unchanged",
                        description="Compiles every kernel each row measured on the sources of git commit "
-                       "FROM loaded, with that commit's kernels package and with this one (no GPU), "
+                       "FROM (default: the commit git finds for each stale sources hash) loaded, "
+                       "with that commit's kernels package and with this one (no GPU), "
                        "and moves the rows whose SASS and kernel resources are unchanged to today's "
                        "sources hash; the rest stay stale for the next sweep to measure again.")
     add_db(p)
-    p.add_argument("--from", dest="from_commit", required=True, metavar="COMMIT",
-                   help="the git commit whose kernel sources the rows were measured on")
+    p.add_argument("--from", dest="from_commit", metavar="COMMIT",
+                   help="the git commit whose kernel sources the rows were measured on (default: "
+                        "for each stale sources hash in the database, the commit git finds for it)")
     p.add_argument("--jobs", type=int, help="compile processes (default: every core)")
     p.add_argument("--dry-run", action="store_true", help="say what would move; change nothing")
     p.set_defaults(func=cmd_rekey)
