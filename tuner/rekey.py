@@ -39,7 +39,7 @@ FROM results r JOIN environments e USING (env_id) WHERE e.sources_hash = ?
 
 
 def kernel_digests(rows: list[dict], root: Path | None = None, jobs: int | None = None) -> dict:
-    """{row id: cubin digest or "error: ..."} from tuner/kernel_digests.py, run against this
+    """{row id: machine-code digest or "error: ..."} from tuner/kernel_digests.py, run against this
     installation or against the kernels package under `root`."""
     cmd = [sys.executable, str(DIGESTS_SCRIPT)]
     if root is not None:
