@@ -24,6 +24,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 from drafter_attn.tuner import db as dbm
@@ -80,14 +81,12 @@ def rekey(db_path, old_root: Path, old_hash: str, *, new_hash: str | None = None
             return {**summary, "note": f"no rows measured on sources {old_hash[:12]}"}
         old = kernel_digests(rows, old_root, jobs)
         new = kernel_digests(rows, None, jobs)
-        same = [r for r in rows if old[r["id"]] == new[r["id"]]
-                and not old[r["id"]].startswith("error")]
-        moved_ids = {r["id"] for r in same}
-        for r in rows:
-            if r["id"] not in moved_ids:
-                why = new[r["id"]] if new[r["id"]].startswith("error") else "kernels changed"
-                kind = f"{r['preset'] or 'custom'} {r['impl']}: {why[:120]}"
-                summary["stale_kinds"][kind] = summary["stale_kinds"].get(kind, 0) + 1
+        unchanged = {rid for rid, code in new.items() if code == old[rid] and not code.startswith("error")}
+        same = [r for r in rows if r["id"] in unchanged]
+        summary["stale_kinds"] = dict(Counter(
+            f"{r['preset'] or 'custom'} {r['impl']}: "
+            f"{(new[r['id']] if new[r['id']].startswith('error') else 'kernels changed')[:120]}"
+            for r in rows if r["id"] not in unchanged))
         summary["stale"] = len(rows) - len(same)
         summary["moved"] = len(same)
         if dry_run or not same:
@@ -97,14 +96,15 @@ def rekey(db_path, old_root: Path, old_hash: str, *, new_hash: str | None = None
             for env in db.query("SELECT * FROM environments WHERE sources_hash = ?", (old_hash,)):
                 fp = {**json.loads(env["fingerprint"]), "sources_hash": new_hash}
                 targets[env["env_id"]] = db.add_environment(fp)
+            moved = 0
             for r in same:
                 target = targets[r["env_id"]]
-                clash = db.query("SELECT 1 FROM results WHERE env_id = ? AND candidate_key = ?",
-                                 (target, r["candidate_key"]))
-                if clash:  # measured again on today's sources already: that row stands
-                    summary["moved"] -= 1
-                    continue
+                if db.query("SELECT 1 FROM results WHERE env_id = ? AND candidate_key = ?",
+                            (target, r["candidate_key"])):
+                    continue  # measured again on today's sources already: that row stands
                 db.conn.execute("UPDATE results SET env_id = ? WHERE id = ?", (target, r["id"]))
+                moved += 1
+            summary["moved"] = moved
             summary["envs"] = targets
             db.conn.execute("INSERT INTO meta (key, value) VALUES (?, ?)",
                             (f"rekey {dbm.now()}", dbm.canonical_json(summary)))
