@@ -67,11 +67,16 @@ class Params:
     overlap: int = 0  # 0 off; 1, 2: next tile's S = QK^T under this tile's softmax (sm_90a wgmma;
     # default_params turns it on wherever that path runs)
 
-    def smem_bytes(self, head_dim: int, warps: int, wgmma: bool = False) -> int:
+    def smem_bytes(self, head_dim: int, warps: int, wgmma: bool = False,
+                   page_size: int | None = None) -> int:
         """`warps`: the CTA's 16-row warps; Q in shared memory holds 16 rows a warp, of whole
-        warpgroups on the wgmma path (`padded_warps`)."""
-        q_warps = (padded_warps(warps) if wgmma else warps) if self.q_smem else 0
-        return smem_bytes(self.tile_n, self.stages, head_dim, q_warps, wgmma, self.overlap)
+        warpgroups on the wgmma path (`padded_warps`). `page_size` (None: the arena) adds the
+        pipelined path's page-id ring where it has one."""
+        cta_warps = padded_warps(warps) if wgmma else warps
+        q_warps = cta_warps if self.q_smem else 0
+        return (smem_bytes(self.tile_n, self.stages, head_dim, q_warps, wgmma, self.overlap)
+                + id_ring_bytes(self.tile_n, self.stages, head_dim, cta_warps, page_size,
+                                wgmma and bool(self.overlap)))
 
 
 def smem_bytes(tile_n: int, stages: int, head_dim: int, q_warps: int = 0,
@@ -82,6 +87,21 @@ def smem_bytes(tile_n: int, stages: int, head_dim: int, q_warps: int = 0,
     kv_row = head_dim if wgmma else head_dim + 8
     kv_tiles = 2 * stages + (1 if overlap else 0)
     return kv_tiles * tile_n * kv_row * 2 + 16 * q_warps * (head_dim + 8) * 2
+
+
+def id_ring_bytes(tile_n: int, stages: int, head_dim: int, warps: int, page_size: int | None,
+                  overlap: bool) -> int:
+    """Shared memory of the page-id ring of the pipelined wgmma path at pages smaller than a
+    tile (drafter_attention.cu, ID_RING): STAGES + 1 slots of `warps` x PG ids, PG the page ids
+    a warp's rows of a tile span (its `PG`: rows a warp loads per 64-column half over the page
+    size where the warps divide the tile's 4-row quads, else one per load iteration)."""
+    if not (overlap and page_size and page_size < tile_n):
+        return 0
+    if (tile_n // 4) % warps == 0:
+        pg = max(1, tile_n // warps // page_size)
+    else:
+        pg = -(-tile_n * head_dim // 8 // (warps * 32))
+    return (stages + 1) * warps * pg * 4
 
 
 def num_warps(block_size: int, group: int, wgmma: bool = False) -> int:
@@ -310,7 +330,8 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     target = code_sm(NO_SM if sm is None else sm)
     if (overlap_reason(pipelined, g.head_dim, warps, target) is None
             and wgmma_fits(g.head_dim, padded_warps(warps), params.tile_n)
-            and pipelined.smem_bytes(g.head_dim, warps, True) <= sm_budget(sm).smem_block):
+            and pipelined.smem_bytes(g.head_dim, warps, True, problem.page_size)
+            <= sm_budget(sm).smem_block):
         return pipelined
     return params
 
@@ -360,7 +381,8 @@ def supports(problem: Problem, params: Params | None = None, sm: int | None = No
         reason = wgmma_reason(g.head_dim, warps, params.tile_n)
         if reason:
             return f"wgmma=1: {reason}"
-    reason = smem_limit_reason(params.smem_bytes(g.head_dim, warps, bool(params.wgmma)), sm)
+    reason = smem_limit_reason(params.smem_bytes(g.head_dim, warps, bool(params.wgmma),
+                                                 problem.page_size), sm)
     if reason:
         return f"tile_n={params.tile_n} stages={params.stages} {reason}"
     return overlap_reason(params, g.head_dim, warps, sm)
@@ -492,6 +514,9 @@ def _load(index: int, defines_items: tuple) -> Module:
     smem = smem_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
                       defines["NUM_WARPS"] if defines["Q_SMEM"] else 0, defines["WGMMA"],
                       defines.get("OVERLAP", 0))
+    smem += id_ring_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
+                          defines["NUM_WARPS"], defines["PAGE_SIZE"],
+                          bool(defines["WGMMA"] and defines.get("OVERLAP", 0)))
     return load_cubin(index, result.cubin_path, smem, defines["NUM_WARPS"] * 32)
 
 

@@ -67,7 +67,7 @@ def cupy_default_variants(page_sizes=DEFAULT_PAGES, presets=None,
                 defines = cb.variant_defines(geom.dtype, geom.head_dim, page, geom.block_size,
                                              geom.group, params, sm)
                 key = tuple(sorted(defines.items()))
-                smem = params.smem_bytes(geom.head_dim, defines["NUM_WARPS"], defines["WGMMA"])
+                smem = params.smem_bytes(geom.head_dim, defines["NUM_WARPS"], defines["WGMMA"], page)
                 out[(sm, key)] = Variant("cupy", cb.SOURCE, key, smem, cb.NVRTC_OPTIONS, sm)
     return list(out.values())
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Page 16 on the wgmma path (issue 12; results/perf-notes.md, "Page 16 on the wgmma path"), on
-# an H200, in about 5-6 minutes (each step under a timeout: 530 s in all):
+# an H200, in about 5-6 minutes (each step under a timeout):
 #   OUT=/some/dir bash scripts/gpu_page16.sh
 # 1. compile, in parallel, every variant the tests and the tables load
 # 2. the cupy GPU tests (tests/test_backends_gpu.py: pages 8..256 and the arena, ragged lengths,
@@ -44,11 +44,12 @@ EOF
 }
 trap finish EXIT
 IMPLS="cupy;cupy:wgmma=0;cupy:skip_compute=1"
-timeout 90 python3 scripts/precompile_gpu_matrix.py cupy cupy:wgmma=0 --table "$IMPLS" --page 8,16,32,64 \
+timeout 120 python3 scripts/precompile_gpu_matrix.py cupy cupy:wgmma=0 cupy:overlap=1 cupy:overlap=2 \
+  --table "$IMPLS" --page 8,16,32,64 \
   > "$OUT/precompile.log" 2>&1
 tail -n 1 "$OUT/precompile.log"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout 180 python3 -m pytest -m gpu -k "cupy" -q -p no:cacheprovider --maxfail=10 -rf \
+  timeout 240 python3 -m pytest -m gpu -k "cupy" -q -p no:cacheprovider --maxfail=10 -rf \
     tests/test_backends_gpu.py > "$OUT/gpu_tests.log" 2>&1
   tail -n 3 "$OUT/gpu_tests.log"
 fi

@@ -9,12 +9,17 @@
   arena: no spills, HGMMA, no traps; the tile loop holds one page-id load (LDG) per thread
   and no wgmma fence (WARPGROUP.ARRIVE) waits for it. Before the fix pages 8-32 held four
   and the QK^T fence waited for them on every tile.
+- The pipelined path (OVERLAP) at pages below a tile reads its page ids from a shared-memory
+  ring filled by cp.async: no table load (LDG) is left in its tile loop (a pending one made
+  ptxas stall the next iteration's S = QK^T on it).
 - Pages >= 64, the arena and the mma.sync path compile to the same SASS as before the change
   (digests in tests/data/sass_unchanged.json, recorded with the NVRTC named there; skipped
   under another NVRTC). After an intended change to that code, rewrite them:
   `python tests/test_page_small.py --update`. The entries after the first nine were added with
   the GQA 9 change (tests/test_gqa9.py) and recorded from the sources before it (commit
-  c38ce36): the pipelined SM 90 defaults and laguna's mma.sync default.
+  c38ce36): the pipelined SM 90 defaults and laguna's mma.sync default. The four pipelined
+  entries at pages 8 and 16 were rewritten with the page-id ring (2026-12-01), which changes
+  them on purpose; the others stayed byte-identical through it.
 """
 
 from __future__ import annotations
@@ -188,6 +193,52 @@ def test_loop_report_sees_a_fence_waiting_for_a_load():
                + ins(0x60, "@!P0 BRA 0x10", no_sb))
     assert sp.loop_global_loads(listing) == dict(loop_instructions=6, ldg=1, ldgsts=1, arrive=2,
                                                  arrive_waits_on_ldg=1)
+
+
+# ---- the pipelined path (OVERLAP) at pages below a tile: page ids through shared memory
+
+PIPELINED = [(MAIN_PRESET, {"overlap": 2}), (MAIN_PRESET, {"overlap": 1}),
+             (GPT_OSS, {"overlap": 2}), (QWEN3_CODER, {"overlap": 2}),
+             (LAGUNA, {"wgmma": True, "overlap": 2})]  # 3 warpgroups: the interleaved mapping
+
+
+@pytest.mark.parametrize("page", [8, 16, 32], ids=lambda p: f"page{p}")
+@pytest.mark.parametrize("case", PIPELINED, ids=lambda c: _label(c[0], None, 90, c[1]))
+def test_pipelined_tile_loop_reads_page_ids_from_shared_memory(cache_dir, case, page):
+    """With a page-id LDG in the pipelined loop, ptxas made the next iteration's first branch
+    (before S = QK^T) wait for it: +11-15% at page 16 and +28% at page 8 on the H200. The ids
+    now arrive by cp.async (one more LDGSTS) and no register load of the table is left."""
+    preset, params = case
+    res = _compile(preset, page, 90, params)
+    attn = res.resources["drafter_attention"]
+    if preset != LAGUNA:  # 3 pipelined warpgroups spill at 168 registers, ring or not
+        assert attn.spill_store_bytes + attn.spill_load_bytes == 0, attn
+    loads = sp.loop_global_loads(_sass(res))
+    assert loads["ldgsts"] > 0 and loads["arrive"] >= 2, loads  # the loop was found
+    assert loads["ldg"] == 0, loads
+
+
+@pytest.mark.parametrize("case", [c for c in LAYOUT_CASES if c[3] and c[4]],
+                         ids=lambda c: "d{}-n{}-w{}-p{}".format(*c[:3], c[4]))
+def test_id_ring_bytes_follow_the_kernels_page_id_count(case):
+    """kernels/cupy_backend.id_ring_bytes sizes the ring from the PG the kernel computes (the
+    expected PG of each wgmma layout case, which test_tile_load_mapping checks in CUDA)."""
+    head_dim, tile_n, warps, _, page, pg, _ = case
+    ring = cb.id_ring_bytes(tile_n, 3, head_dim, warps, page, overlap=True)
+    assert ring == (4 * warps * pg * 4 if page < tile_n else 0)
+    assert cb.id_ring_bytes(tile_n, 3, head_dim, warps, page, overlap=False) == 0
+    assert cb.id_ring_bytes(tile_n, 3, head_dim, warps, None, overlap=True) == 0
+
+
+def test_id_ring_keeps_two_main_preset_ctas_per_sm():
+    """The ring lives in the 1 KB the pipelined main preset leaves of half an SM's 228 KB."""
+    geom = get_preset(MAIN_PRESET)
+    for page in (8, 16, 32):
+        p = cb.default_params(cb.Problem(geom, "paged", page, 1, 0), 90)
+        assert p.overlap and cb.use_wgmma(p, geom.head_dim, 4, 90)
+        need = p.smem_bytes(geom.head_dim, 4, True, page)
+        assert need > p.smem_bytes(geom.head_dim, 4, True)  # the ring is counted
+        assert 2 * (need + 1024) <= 228 * 1024, need
 
 
 # ---- pages >= 64, the arena and mma.sync: the same SASS as before the change

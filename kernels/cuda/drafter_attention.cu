@@ -117,6 +117,17 @@ constexpr int PGR = LANE_IDS ? 1 : PG;
 DRAFTER_HD __forceinline__ int lookup_row(int tid, int j) {
   return LANE_IDS ? page_row(tid, PG == 1 ? 0 : (tid & 31) % PG) : page_row(tid, j);
 }
+// OVERLAP at pages smaller than a tile: the page ids go through shared memory, not registers.
+// Held in a register (an LDG at the end of iteration v for the tile issued at the end of v+1),
+// ptxas made the first branch of iteration v+1, before S = QK^T, wait for that load: every tile
+// paid a table round trip (+11-15% at page 16, +28% at page 8 on the H200; results/perf-notes.md,
+// "Page ids through shared memory"). Instead lanes j < PG of each warp cp.async id j of tile t into
+// ring slot t % ID_SLOTS with the loads of tile t - STAGES (cp.async group t - STAGES, complete
+// at the top of iteration t - STAGES, where tile t is issued); every lane then reads its id with
+// a shared load. Slots in use at iteration v: tiles v+STAGES (read) .. v+2*STAGES (written).
+constexpr bool ID_RING = OVERLAP && LANE_IDS;
+constexpr int ID_SLOTS = STAGES + 1;
+constexpr int ID_RING_INTS = ID_RING ? ID_SLOTS * NUM_WARPS * PG : 0;
 #else
 constexpr int TILE_ELEMS = N * ROW_STRIDE;
 // Load mapping. CONTIG: CPR threads share a row (coalesced), and each thread walks ITERS
@@ -137,6 +148,9 @@ DRAFTER_HD __forceinline__ int page_row(int tid, int j) {
 DRAFTER_HD __forceinline__ int page_slot(int it) { return PG == 1 ? 0 : it; }
 constexpr int PGR = PG;
 DRAFTER_HD __forceinline__ int lookup_row(int tid, int j) { return page_row(tid, j); }
+constexpr bool ID_RING = false;
+constexpr int ID_SLOTS = 1;
+constexpr int ID_RING_INTS = 0;
 #endif
 
 // Packed query row of a thread's accumulator rows: half 0 holds row g = lane / 4 of its warp's
@@ -188,6 +202,8 @@ __device__ __forceinline__ void attention_body(
   constexpr int V_STAGES = STAGES + (OVERLAP ? 1 : 0);
   elem_t* sK = reinterpret_cast<elem_t*>(smem_raw);  // [STAGES][N][ROW_STRIDE]
   elem_t* sV = sK + STAGES * TILE_ELEMS;  // [V_STAGES][N][ROW_STRIDE]
+  // ID_RING: [ID_SLOTS][NUM_WARPS][PG] page ids after the stages and Q (ID_RING_INTS ints)
+  int* sIds = reinterpret_cast<int*>(sV + V_STAGES * TILE_ELEMS + (Q_SMEM ? NUM_WARPS * 16 * ROW_STRIDE : 0));
 
   const int split = blockIdx.x, num_splits = gridDim.x;
   const int kvh = blockIdx.y, b = blockIdx.z, batch = gridDim.z;
@@ -253,6 +269,15 @@ __device__ __forceinline__ void attention_body(
     }
 #else
     pg[0] = trow[0];  // the slot
+#endif
+  };
+  // ID_RING: the page ids of tile t into ring slot t % ID_SLOTS (lanes j < PG, id j of the warp)
+  auto fetch_ids = [&](int t) {
+#if PAGE_SIZE > 0
+    if (!ID_RING || SKIP_LOADS || t >= n_ctx_here || lane >= PG) return;
+    const int kp = (t0 + t) * N + page_row(tid, lane);
+    cp_async_4(sIds + ((t % ID_SLOTS) * NUM_WARPS + warp) * PG + lane, trow + kp / PAGE_SIZE,
+               kp < P);  // never read table entries past P (zero-filled instead)
 #endif
   };
   auto issue = [&](int v, int kstage, int vstage, const int (&pgr)[PGR]) {
@@ -334,6 +359,7 @@ __device__ __forceinline__ void attention_body(
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       if (s < n_iter) issue(s, s, s, pg_pro[s]);
+      fetch_ids(s + STAGES);  // ID_RING: group s carries the ids of tile s + STAGES
       cp_async_commit();
     }
   } else {
@@ -346,7 +372,7 @@ __device__ __forceinline__ void attention_body(
       cp_async_commit();
     }
   }
-  if (STAGES < n_iter) lookup(STAGES, pg);
+  if (!ID_RING && STAGES < n_iter) lookup(STAGES, pg);
 
   // Every warpgroup has query rows here (NUM_WARPS = 4 * ceil(M / 64) on this path, whole
   // warpgroups; the rows past M of the last one are zero Q rows, never stored), so no warp
@@ -389,9 +415,19 @@ __device__ __forceinline__ void attention_body(
   };
 
   // Iteration v's loads: tile v + STAGES into K stage v % STAGES and V stage (v-1) % V_STAGES,
-  // then the page ids of the tile after it (in flight until the next iteration's loads)
+  // then the page ids of the tile after it (in flight until the next iteration's loads); with
+  // ID_RING, that tile's ids from the ring and the ids of tile v + 2 * STAGES into it.
   auto load_next = [&](int v) {
     const int vn = v + STAGES;
+    if (ID_RING) {
+      if (vn < n_iter) {
+        const int ids[PGR] = {sIds[((vn % ID_SLOTS) * NUM_WARPS + warp) * PG + lane % PG]};
+        issue(vn, vn % STAGES, vn % V_STAGES, ids);
+      }
+      fetch_ids(vn + STAGES);
+      cp_async_commit();
+      return;
+    }
     if (vn < n_iter) issue(vn, vn % STAGES, vn % V_STAGES, pg);
     cp_async_commit();
     if (vn + 1 < n_iter) lookup(vn + 1, pg);
