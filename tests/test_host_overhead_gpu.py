@@ -1,7 +1,9 @@
 """Host time of one eager attention call (marker `gpu`; pytest-benchmark): the cupy backend and
-`Runtime` on B=1, a 2k context, the main preset. No synchronisation inside a round: a round is
-CALLS back-to-back calls, each queueing its kernels and returning, so the figure is the host's
-own cost per call (the kernels of this shape take less time on the GPU than the host needs).
+`Runtime` on B=1, a 2k context, the main preset. Each round's setup (untimed) queues a spin kernel
+(`torch.cuda._sleep`) far longer than the round, then the round times CALLS back-to-back calls:
+their launches only queue behind it, so the figure is the host's own cost per call and cannot be
+the GPU's (as scripts/host_profile.py measures it). A round whose stream went idle before it
+ended is counted in extra_info (`idle_rounds`; 0 when every round was host-bound).
 
     pytest -m gpu tests/test_host_overhead_gpu.py --benchmark-columns=median,min,rounds
 
@@ -24,6 +26,8 @@ from drafter_attn.kernels.presets import MAIN_PRESET, PRESETS
 pytestmark = pytest.mark.gpu
 
 CALLS = 200  # calls per round
+ROUNDS, WARMUP_ROUNDS = 30, 2
+SLEEP_CYCLES = 200_000_000  # the spin kernel: ~0.1 s at the H200's clock, far longer than a round
 TARGET_US = {"backend": 10.0, "runtime": 12.0}
 
 
@@ -44,11 +48,24 @@ def _per_call_us(benchmark, call, args) -> float:
         for _ in range(CALLS):
             call(*args)
 
+    stream = torch.cuda.current_stream()
+    busy = []  # the stream still busy: before the first round, then as each round ended (queried
+    #            in the next setup, so the query is not timed)
+
+    def setup():  # untimed: how the round before ended, then a spin kernel to queue behind
+        busy.append(not stream.query())
+        torch.cuda.synchronize()
+        torch.cuda._sleep(SLEEP_CYCLES)
+
     call(*args)  # plan, compile and load outside the measurement
     torch.cuda.synchronize()
-    benchmark.pedantic(rounds, setup=torch.cuda.synchronize, rounds=30, warmup_rounds=2)
+    benchmark.pedantic(rounds, setup=setup, rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS)
+    busy.append(not stream.query())
+    torch.cuda.synchronize()
+    timed = busy[1:][-ROUNDS:]  # the timed rounds' ends (warm-up rounds come first)
     per_call = benchmark.stats.stats.median / CALLS * 1e6
-    benchmark.extra_info["per_call_us"] = round(per_call, 2)
+    benchmark.extra_info.update(per_call_us=round(per_call, 2), idle_rounds=timed.count(False),
+                                busy_at_round_end=timed)
     assert per_call > 0
     return per_call
 

@@ -414,6 +414,128 @@ def test_plan_keys_follow_shapes_strides_and_checks(planning, monkeypatch):
     assert cb.call_key("paged", (*views, None), extra) != cb.call_key("paged", case, extra)
 
 
+def _variants(t):
+    """`t` with one property the contract checks changed each: dtype, shape, strides, device."""
+    other = {torch.bfloat16: torch.float16, torch.int32: torch.int64}[t.dtype]
+    base = torch.empty(t.numel() * 2 + 1, dtype=t.dtype)
+    return {"dtype": torch.empty_strided(t.shape, t.stride(), dtype=other),
+            "shape": t.new_empty((*t.shape[:-1], t.shape[-1] + 1)),
+            "stride": base.as_strided(t.shape, [2 * s for s in t.stride()]),
+            "device": torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")}
+
+
+@pytest.mark.parametrize("kind", ["paged", "store_paged"])
+def test_plan_keys_miss_on_every_checked_property(planning, kind):
+    """With checks on, a call that differs from a planned one in any tensor's shape, strides,
+    dtype or device gets another key (a plan miss, so the contract checks it again); a call
+    that differs in none gets the same key."""
+    cb, _ = planning
+    case = paged_case("cpu")
+    if kind == "paged":
+        args = (*case, torch.empty_like(case[0]))
+    else:
+        args = store_args(case, _num_new(case))
+    extra = ("full", None, None) if kind == "paged" else None
+    key = cb.call_key(kind, args, extra)
+    same = tuple(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype) for t in args)
+    assert cb.call_key(kind, same, extra) == key
+    for i, t in enumerate(args):
+        for what, changed in _variants(t).items():
+            call = (*args[:i], changed, *args[i + 1:])
+            assert cb.call_key(kind, call, extra) != key, (i, what)
+    if kind == "paged":  # out= given or not
+        assert cb.call_key(kind, (*args[:7], None), extra) != key
+
+
+def test_a_call_with_no_tensor_is_named_by_the_contract(planning):
+    cb, backend = planning
+    case = paged_case("cpu")
+    assert cb.call_key("paged", (case[0], 3, *case[2:], None), ("full", None, None)) is None
+    with pytest.raises(ValueError, match="k_blk must be a torch.Tensor"):
+        backend.paged_attention(case[0], 3, *case[2:])
+    with pytest.raises(ValueError, match="k_blk must be a torch.Tensor"):
+        backend.paged_attention(case[0], None, *case[2:])
+    assert not backend._plans
+
+
+@pytest.fixture
+def launches(planning, monkeypatch):
+    """`planning` whose launches are recorded, not run: (plan launch, stream, o_part) a call;
+    the current stream is `stream[0]`."""
+    cb, backend = planning
+    calls, stream = [], [7]
+    monkeypatch.setattr(cb.Launch, "__call__",
+                        lambda self, s: calls.append((self, s, self.args.o_part or 0)))
+    monkeypatch.setattr(cb, "_stream", lambda index: stream[0])
+    return cb, backend, calls, stream
+
+
+def test_split_workspace_is_kept_per_stream_outside_a_capture(launches, monkeypatch):
+    cb, backend, calls, stream = launches
+    case, _ = trtllm_pool_case("cpu", batch=1, max_pages=32, num_pages=40)
+    _, plan = _plan(cb, backend, case, mask="sliding", window=300)
+    assert plan.combine is not None
+    out = torch.empty_like(case[0])
+
+    def run_on(s):
+        stream[0] = s
+        calls.clear()
+        assert plan.run(*case, out) is out
+        (a, s_a, part), (c, s_c, _) = calls
+        assert (a, c, s_a, s_c) == (plan.attention, plan.combine, s, s)
+        p, ca = plan.attention.args, plan.combine.args
+        assert [p.q, p.k_blk, p.v_blk, p.k_cache, p.v_cache, p.table, p.ctx_lens, p.out] == \
+            [t.data_ptr() for t in (*case, out)]
+        lse = part + 4 * plan.part_elems
+        assert (p.o_part, p.lse_part) == (ca.o_part, ca.lse_part) == (part, lse)
+        assert ca.out == out.data_ptr()
+        return part
+
+    first = run_on(1)
+    assert plan.workspaces[1].data_ptr() == first and run_on(1) == first  # reused on one stream
+    assert run_on(2) != first  # another stream never shares it
+    assert run_on(1) == first
+    for s in range(3, 3 + cb._WORKSPACE_STREAMS):
+        run_on(s)
+    assert len(plan.workspaces) == cb._WORKSPACE_STREAMS and 1 not in plan.workspaces  # oldest
+    kept = dict(plan.workspaces)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    for s in (3, 99):  # a capture's workspace is its own, also on a stream with a kept one
+        assert run_on(s) not in {w.data_ptr() for w in kept.values()}
+    assert plan.workspaces == kept
+
+
+def test_unsplit_plan_has_no_workspace(launches):
+    cb, backend, calls, _ = launches
+    case = paged_case("cpu")
+    _, plan = _plan(cb, backend.with_params(num_splits=1), case)
+    out = plan.run(*case, None)
+    assert out.shape == case[0].shape and calls == [(plan.attention, 7, 0)]
+    p = plan.attention.args
+    assert (p.out, p.o_part, p.lse_part) == (out.data_ptr(), None, None) and not plan.workspaces
+
+
+def test_launch_passes_its_packed_arguments(monkeypatch):
+    """Launch converts its head (function, grid, block, shared memory) to cuLaunchKernel's
+    argument types once; a stand-in with that signature sees what the driver would."""
+    import ctypes
+
+    from drafter_attn.kernels import cupy_backend as cb
+
+    u, v = ctypes.c_uint, ctypes.c_void_p
+    seen = []
+    raw = ctypes.CFUNCTYPE(ctypes.c_int, v, u, u, u, u, u, u, u, v, v, v)(
+        lambda *a: seen.append(a) or 0)
+    raw.argtypes = [v, u, u, u, u, u, u, u, v, v, v]
+    monkeypatch.setattr(cb, "_driver_launch", lambda: raw)
+    launch = cb.Launch(0x7F0012345000, (16, 8, 1), (128, 1, 1), 100_000, cb.CombineArgs())
+    launch(0x5A5A0000)
+    launch(0)
+    params = ctypes.addressof(launch._ptrs)
+    assert seen == [(0x7F0012345000, 16, 8, 1, 128, 1, 1, 100_000, 0x5A5A0000, params, None),
+                    (0x7F0012345000, 16, 8, 1, 128, 1, 1, 100_000, None, params, None)]
+
+
 def test_store_plan(planning):
     cb, backend = planning
     case, pool = trtllm_pool_case("cpu")

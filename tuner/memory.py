@@ -35,7 +35,8 @@ def kv_bytes_for(problem: Problem, max_ctx: int | None = None, store_rows: int |
 class StepMemory:
     kv_bytes: int  # the workload's K/V (model above)
     workspace_bytes: int  # allocated during the step beyond what was live before it (outputs,
-    #                       split-KV partials, any scratch)
+    #                       any scratch; the cupy/cutlass split-KV partials are kept per plan and
+    #                       stream from the warm-up on, so they show in peak_bytes only)
     peak_bytes: int  # the allocator's peak during the step (everything live, K/V included)
 
     def as_dict(self) -> dict:
