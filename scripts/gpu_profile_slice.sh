@@ -4,6 +4,7 @@
 # lacks are measured), then, with time left, Nsight Compute on the limiters issues 12 and 19 ask
 # about (the CuTe wgmma kernel beside the cupy kernel it ports; laguna's padded path).
 #   OUT=dir SWEEP_S=420 NCU=1 bash scripts/gpu_profile_slice.sh
+# NCU_CASES (lines of "B ctx page impl preset") replaces the default cases below.
 # Files in $OUT: sm90.db, sm90.json (from sm90_profile.sh), profile.log, ncu.txt (the lines that
 # name limiters) and ncu_full.txt.
 set -uo pipefail
@@ -17,12 +18,12 @@ while read -r b ctx page impl preset; do
     --section SpeedOfLight --section Occupancy --section WarpStateStats \
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --print-details all \
     python3 scripts/ncu_case.py "$b" "$ctx" "$page" "$impl" "$preset" 2>&1 | grep -v "^==PROF=="
-done > "$OUT/ncu_full.txt" <<'CASES'
-32 8192 128 cupy:overlap=0 qwen3-8b-dflash-b16
+done > "$OUT/ncu_full.txt" <<CASES
+${NCU_CASES:-32 8192 128 cupy:overlap=0 qwen3-8b-dflash-b16
 32 8192 128 cutlass:wgmma=1 qwen3-8b-dflash-b16
 32 8192 128 cupy qwen3-8b-dflash-b16
 32 8192 64 cupy laguna-dflash
-32 8192 64 cupy:wgmma=0 laguna-dflash
+32 8192 64 cupy:wgmma=0 laguna-dflash}
 CASES
-grep -E "^== |Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per Thread|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|Shared Memory.*%|stalled|This stall type" \
+grep -E "^== |Duration|DRAM Throughput|L2 Hit Rate|Mem Busy|Max Bandwidth|Compute \(SM\) Throughput|Registers Per Thread|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|Shared Memory.*%|stalled|This stall type" \
   "$OUT/ncu_full.txt" | cut -c1-200 | tee "$OUT/ncu.txt"
