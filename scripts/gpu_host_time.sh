@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Host time per eager call (issue 13) after a change to the per-call path, on an H200, in about
+# 3 minutes: the GPU tests that run every call path (the cupy matrix, eager and graph-replayed;
+# the custom ops, torch.compile and Runtime; host syncs), then scripts/host_profile.py and the
+# pytest-benchmark host-time benchmarks.
+#   OUT=/some/dir bash scripts/gpu_host_time.sh
+# $OUT gets gpu_tests_tail.txt, host_profile.txt and host_overhead.json.
+set -uo pipefail
+source "$(dirname "$0")/gpu_env.sh"
+timeout 120 python3 scripts/precompile_gpu_matrix.py cupy cupy:wgmma=0 cupy:overlap=1 cupy:overlap=2 \
+  > "$OUT/precompile.log" 2>&1
+tail -n 1 "$OUT/precompile.log"
+{ timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider --maxfail=10 -rf -k cupy \
+    tests/test_backends_gpu.py
+  timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider --maxfail=10 -rf \
+    tests/test_ops.py tests/test_syncs_gpu.py tests/test_dispatch.py; } > "$OUT/gpu_tests.log" 2>&1
+tail -n 15 "$OUT/gpu_tests.log" > "$OUT/gpu_tests_tail.txt"
+tail -n 2 "$OUT/gpu_tests.log"
+timeout 150 python3 scripts/host_profile.py > "$OUT/host_profile.txt" 2>&1
+cat "$OUT/host_profile.txt"
+timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_host_overhead_gpu.py \
+  --benchmark-json="$OUT/host_overhead.json" --benchmark-columns=median,min,rounds 2>&1 | tail -n 12
