@@ -14,8 +14,7 @@ tail -n 1 "$OUT/precompile.log"
     tests/test_backends_gpu.py
   timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider --maxfail=10 -rf \
     tests/test_ops.py tests/test_syncs_gpu.py tests/test_dispatch.py; } > "$OUT/gpu_tests.log" 2>&1
-tail -n 15 "$OUT/gpu_tests.log" > "$OUT/gpu_tests_tail.txt"
-tail -n 2 "$OUT/gpu_tests.log"
+grep -E "^[0-9]+ (passed|failed)|^FAILED|^ERROR" "$OUT/gpu_tests.log" | tee "$OUT/gpu_tests_tail.txt"
 timeout 150 python3 scripts/host_profile.py > "$OUT/host_profile.txt" 2>&1
 cat "$OUT/host_profile.txt"
 timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_host_overhead_gpu.py \
