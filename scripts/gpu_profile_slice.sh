@@ -12,18 +12,9 @@ source "$(dirname "$0")/gpu_env.sh"
 bash scripts/sm90_profile.sh profiles/sm90.db > "$OUT/profile.log" 2>&1
 tail -n 8 "$OUT/profile.log"
 [ "${NCU:-0}" = 1 ] || exit 0
-while read -r b ctx page impl preset; do
-  echo "== B=$b ctx=$ctx page=$page $impl $preset"
-  timeout 90 ncu --clock-control none -k regex:attention --launch-skip 2 --launch-count 1 \
-    --section SpeedOfLight --section Occupancy --section WarpStateStats \
-    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --print-details all \
-    python3 scripts/ncu_case.py "$b" "$ctx" "$page" "$impl" "$preset" 2>&1 | grep -v "^==PROF=="
-done > "$OUT/ncu_full.txt" <<CASES
-${NCU_CASES:-32 8192 128 cupy:overlap=0 qwen3-8b-dflash-b16
+NCU_CASES=${NCU_CASES:-"32 8192 128 cupy:overlap=0 qwen3-8b-dflash-b16
 32 8192 128 cutlass:wgmma=1 qwen3-8b-dflash-b16
 32 8192 128 cupy qwen3-8b-dflash-b16
 32 8192 64 cupy laguna-dflash
-32 8192 64 cupy:wgmma=0 laguna-dflash}
-CASES
-grep -E "^== |Duration|DRAM Throughput|L2 Hit Rate|Mem Busy|Max Bandwidth|Compute \(SM\) Throughput|Registers Per Thread|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|Shared Memory.*%|stalled|This stall type" \
-  "$OUT/ncu_full.txt" | cut -c1-200 | tee "$OUT/ncu.txt"
+32 8192 64 cupy:wgmma=0 laguna-dflash"} bash scripts/gpu_ncu.sh
+cat "$OUT/ncu.txt"
