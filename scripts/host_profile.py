@@ -1,6 +1,7 @@
 """Where the host time of one eager attention call goes (B=1, ctx 2k, main preset), on a GPU.
 
-    python scripts/host_profile.py [CALLS]        (default 200 calls a round, 30 rounds)
+    python scripts/host_profile.py [CALLS [SPEC]]  (default 200 calls a round, 30 rounds; SPEC a
+                                                    registry spec, default cupy)
 
 Each round first queues a spin kernel (`torch.cuda._sleep`) long enough to outlast the round, then
 times CALLS calls: the launches only queue behind it, so the figure is the host's own cost and
@@ -25,6 +26,7 @@ from drafter_attn.kernels.dispatch import Runtime
 from drafter_attn.kernels.presets import MAIN_PRESET, PRESETS
 
 CALLS = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+SPEC = sys.argv[2] if len(sys.argv) > 2 else "cupy"
 ROUNDS = 30
 SLEEP_CYCLES = 200_000_000  # ~0.1 s at the H200's clock: far longer than any round
 
@@ -67,16 +69,16 @@ def main() -> None:
 
     for checks in (True, False):
         cb.CHECKS = checks
-        backend = dataclasses.replace(registry.get("cupy"))  # its own plans, keyed for `checks`
+        backend = dataclasses.replace(registry.from_spec(SPEC))  # own plans, keyed for `checks`
         on = "on" if checks else "off"
         row(f"backend call, checks {on}", backend.paged_attention, *args)
         row(f"backend call, checks {on}, out=", lambda *a: backend.paged_attention(*a, out=out), *args)
     cb.CHECKS = True
     rt = Runtime()
     row("Runtime call", rt.paged_attention, *args)
-    row("custom op (torch.ops.drafter_attn)", lambda *a: ops.paged_attention(*a, backend="cupy"), *args)
+    row("custom op (torch.ops.drafter_attn)", lambda *a: ops.paged_attention(*a, backend=SPEC), *args)
 
-    backend = dataclasses.replace(registry.get("cupy"))
+    backend = dataclasses.replace(registry.from_spec(SPEC))
     backend.paged_attention(*args)
     key_args = (*args, None)
     extra = ("full", None, None)
@@ -90,7 +92,7 @@ def main() -> None:
     if plan.combine is not None:
         row("  part: one combine launch", lambda: plan.combine(stream))
 
-    print(f"host time per call, us (B=1 ctx 2k, main preset, page 64, splits {plan.splits}; "
+    print(f"host time per call, us ({SPEC}; B=1 ctx 2k, main preset, page 64, splits {plan.splits}; "
           f"{CALLS} calls x {ROUNDS} rounds behind a spin kernel)")
     print(f"{'what':40s} {'median':>8s} {'p10':>7s} {'p90':>7s}  idle rounds")
     for name, med, p10, p90, idle in rows:
