@@ -4,7 +4,7 @@
 # the custom ops, torch.compile and Runtime; host syncs), then scripts/host_profile.py and the
 # pytest-benchmark host-time benchmarks.
 #   OUT=/some/dir bash scripts/gpu_host_time.sh
-# $OUT gets gpu_tests_tail.txt, host_profile.txt and host_overhead.json.
+# $OUT gets gpu_tests_tail.txt, host_profile.txt and host_overhead.json (and the logs behind them).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 timeout 120 python3 scripts/precompile_gpu_matrix.py cupy cupy:wgmma=0 cupy:overlap=1 cupy:overlap=2 \
