@@ -12,3 +12,20 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export DRAFTER_CACHE_DIR=${DRAFTER_CACHE_DIR:-/tmp/drafter-cache} PYTHONUNBUFFERED=1
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/flashinfer} MAX_JOBS=${MAX_JOBS:-16}
+
+# A budgeted run (scripts/gpu_overlap.sh, gpu_gqa9.sh): `budgeted_run NAME` starts the clock of
+# TOTAL seconds (default 525) and a fresh profile database /tmp/NAME.db (tarred into
+# $OUT/extras.tgz on exit), and writes the GPU and the commit to $OUT/summary.txt. Then `left`
+# says the seconds remaining and `clamp VALUE MAX MIN` bounds a step's timeout.
+left() { echo $(( TOTAL - SECONDS )); }
+clamp() { local t=$1; (( t > $2 )) && t=$2; (( t < $3 )) && t=$3; echo "$t"; }
+budgeted_run() {
+  TOTAL=${TOTAL:-525}
+  db=/tmp/$1.db
+  rm -f "$db" "$db-wal" "$db-shm"
+  trap "tar czf \"$OUT/extras.tgz\" -C /tmp $1.db 2>/dev/null" EXIT
+  {
+    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+    git log -1 --format='commit %h %s' 2>/dev/null
+  } > "$OUT/summary.txt"
+}

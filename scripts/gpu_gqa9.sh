@@ -18,18 +18,9 @@
 # matrix the rest. A stage cut short gets SIGINT (the table keeps every row measured so far).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
-TOTAL=${TOTAL:-525}
-left() { echo $(( TOTAL - SECONDS )); }
-clamp() { local t=$1; (( t > $2 )) && t=$2; (( t < $3 )) && t=$3; echo "$t"; }  # value max min
+budgeted_run gpu_gqa9
 PADDED=("cupy:wgmma=1" "cupy:wgmma=1,tile_n=64,stages=4" "cupy:wgmma=1,overlap=2")
 IMPLS="cupy:wgmma=0;cupy;cupy:wgmma=1,tile_n=64,stages=4;cupy:wgmma=0,skip_compute=1;cupy:skip_compute=1"
-db=/tmp/gpu_gqa9.db
-rm -f "$db" "$db-wal" "$db-shm"
-trap 'tar czf "$OUT/extras.tgz" -C /tmp gpu_gqa9.db 2>/dev/null' EXIT
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-  git log -1 --format='commit %h %s' 2>/dev/null
-} > "$OUT/summary.txt"
 
 timeout -s INT -k 10 90 python3 scripts/precompile_gpu_matrix.py "${PADDED[@]}" cupy cupy:wgmma=0 \
   --table "$IMPLS" --preset laguna-dflash --page 64 > "$OUT/precompile.log" 2>&1

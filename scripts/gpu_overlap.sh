@@ -16,17 +16,8 @@
 # short gets SIGINT: the table keeps every row measured so far in attention.csv.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
-TOTAL=${TOTAL:-525}
-left() { echo $(( TOTAL - SECONDS )); }
-clamp() { local t=$1; (( t > $2 )) && t=$2; (( t < $3 )) && t=$3; echo "$t"; }  # value max min
+budgeted_run gpu_overlap
 IMPLS="cupy;cupy:overlap=1;cupy:overlap=2;cupy:overlap=1,skip_loads=1;cupy:skip_loads=1"
-db=/tmp/gpu_overlap.db
-rm -f "$db" "$db-wal" "$db-shm"
-trap 'tar czf "$OUT/extras.tgz" -C /tmp gpu_overlap.db 2>/dev/null' EXIT
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-  git log -1 --format='commit %h %s' 2>/dev/null
-} > "$OUT/summary.txt"
 
 timeout -s INT -k 10 80 python3 scripts/precompile_gpu_matrix.py \
   cupy cupy:wgmma=0 cupy:overlap=1 cupy:overlap=2 --table "$IMPLS" --page 64,128 \
