@@ -31,6 +31,7 @@ from drafter_attn.kernels import contract
 from drafter_attn.kernels.footprint import partial_elems
 from drafter_attn.kernels.nvrtc import compile_for_device
 from drafter_attn.kernels.spec import Problem
+from drafter_attn.kernels.tma import TmaMap
 
 SOURCE = "drafter_attention.cu"
 HEAD_DIMS = (64, 128)
@@ -67,6 +68,8 @@ class Params:
     skip_loads: bool = False  # diagnostic: math only, on whatever the stages hold (never a default)
     overlap: int = 0  # 0 off; 1, 2: next tile's S = QK^T under this tile's softmax (sm_90a wgmma;
     # default_params turns it on wherever that path runs)
+    tma: bool = False  # pipelined wgmma path only: context tiles by TMA bulk tensor copies, issued
+    # by one thread, landing on shared-memory barriers (kernels/tma.py; `tma_reason`)
 
     def smem_bytes(self, head_dim: int, warps: int, wgmma: bool = False,
                    page_size: int | None = None) -> int:
@@ -77,7 +80,8 @@ class Params:
         q_warps = cta_warps if self.q_smem else 0
         return (smem_bytes(self.tile_n, self.stages, head_dim, q_warps, wgmma, self.overlap)
                 + id_ring_bytes(self.tile_n, self.stages, head_dim, cta_warps, page_size,
-                                wgmma and bool(self.overlap)))
+                                wgmma and bool(self.overlap) and not self.tma)
+                + (tma_bytes(self.stages) if self.tma else 0))
 
 
 def smem_bytes(tile_n: int, stages: int, head_dim: int, q_warps: int = 0,
@@ -103,6 +107,12 @@ def id_ring_bytes(tile_n: int, stages: int, head_dim: int, warps: int, page_size
     else:
         pg = -(-tile_n * head_dim // 8 // (warps * 32))
     return (stages + 1) * warps * pg * 4
+
+
+def tma_bytes(stages: int) -> int:
+    """Shared memory of the TMA path beside the stages: one 8-byte barrier per stage and two
+    chunks of 32 page ids (drafter_attention.cu, TMA)."""
+    return stages * 8 + 2 * 32 * 4
 
 
 def num_warps(block_size: int, group: int, wgmma: bool = False) -> int:
@@ -189,6 +199,20 @@ def overlap_reason(params: Params, head_dim: int, warps: int,
                 f"take ({warps} warps, head_dim {head_dim}, tile_n {params.tile_n}: it needs whole "
                 f"warpgroups, tile_n 32/64/128 and whole-warp tile loads)")
     return None
+
+
+def tma_reason(params: Params, head_dim: int, warps: int, sm: int | None = None) -> str | None:
+    """Why `params.tma` cannot apply (None when it can, or is off): TMA feeds the pipelined
+    sm_90a wgmma path (`overlap` 1 or 2) with Q in registers."""
+    if not params.tma:
+        return None
+    if sm is not None and sm != 90:
+        return f"tma=1 needs sm_90a bulk tensor copies, which SM {sm} does not have"
+    if not params.overlap:
+        return "tma=1 feeds the pipelined wgmma path: it needs overlap=1 or 2"
+    if params.q_smem:
+        return "tma=1 keeps Q in registers: q_smem=1 has no TMA variant"
+    return overlap_reason(params, head_dim, warps, sm)
 
 
 # --------------------------------------------------------------------------------------------
@@ -386,7 +410,7 @@ def supports(problem: Problem, params: Params | None = None, sm: int | None = No
                                                  problem.page_size), sm)
     if reason:
         return f"tile_n={params.tile_n} stages={params.stages} {reason}"
-    return overlap_reason(params, g.head_dim, warps, sm)
+    return overlap_reason(params, g.head_dim, warps, sm) or tma_reason(params, g.head_dim, warps, sm)
 
 
 def tunables(problem: Problem | None = None) -> dict[str, list]:
@@ -432,6 +456,11 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
                    SKIP_COMPUTE=int(params.skip_compute), SKIP_LOADS=int(params.skip_loads))
     if params.overlap:  # named only when on: the default variants keep their defines (and labels)
         defines["OVERLAP"] = int(params.overlap)
+    if params.tma:
+        reason = tma_reason(params, head_dim, warps, sm)
+        if reason:
+            raise ValueError(reason)
+        defines["TMA"] = 1
     return defines
 
 
@@ -517,7 +546,10 @@ def _load(index: int, defines_items: tuple) -> Module:
                       defines.get("OVERLAP", 0))
     smem += id_ring_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
                           defines["NUM_WARPS"], defines["PAGE_SIZE"],
-                          bool(defines["WGMMA"] and defines.get("OVERLAP", 0)))
+                          bool(defines["WGMMA"] and defines.get("OVERLAP", 0)
+                               and not defines.get("TMA", 0)))
+    if defines.get("TMA", 0):
+        smem += tma_bytes(defines["STAGES"])
     return load_cubin(index, result.cubin_path, smem, defines["NUM_WARPS"] * 32)
 
 
@@ -573,6 +605,12 @@ class DrafterParams(ctypes.Structure):
                                                "capacity", "mask_mode", "window",
                                                "loc_stride")]
                 + [("scale_log2", ctypes.c_float)])
+
+
+class TmaDrafterParams(ctypes.Structure):
+    """The TMA variant's arguments: DrafterParams' fields, then the K and V tensor maps."""
+
+    _fields_ = DrafterParams._fields_ + [("tma_k", TmaMap), ("tma_v", TmaMap)]
 
 
 class CombineArgs(ctypes.Structure):
@@ -702,6 +740,7 @@ class AttentionPlan:
     lse_elems: int
     attention: Launch
     combine: Launch | None
+    tma: TmaMaps | None = None  # the tensor maps of a tma=1 variant
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     # split-KV workspaces by raw stream handle (`_workspace`)
     workspaces: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
@@ -712,15 +751,17 @@ class AttentionPlan:
         attention, combine = self.attention, self.combine
         with self.lock:  # the packed arguments are shared by every call of this shape
             stream = _stream(self.index)
-            o = out.data_ptr()
+            o, kp, vp = out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
             part = lse = 0  # no split: the attention writes `out` itself
             if combine is not None:
                 part = self._workspace(stream, q.device).data_ptr()
                 lse = part + 4 * self.part_elems
                 _COMBINE_PTRS.pack_into(combine.args, 0, part, lse, o)
             _ATTENTION_PTRS.pack_into(attention.args, 0, q.data_ptr(), k_blk.data_ptr(),
-                                      v_blk.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                                      table.data_ptr(), ctx_lens.data_ptr(), o, part, lse)
+                                      v_blk.data_ptr(), kp, vp, table.data_ptr(),
+                                      ctx_lens.data_ptr(), o, part, lse)
+            if self.tma is not None and (kp, vp) != self.tma.ptrs:
+                self.tma.encode_into(attention.args, kp, vp)
             attention(stream)
             if combine is not None:
                 combine(stream)
@@ -747,6 +788,24 @@ class AttentionPlan:
             work = self.workspaces[stream] = torch.empty(self.part_elems + self.lse_elems,
                                                          dtype=torch.float32, device=device)
         return work
+
+
+@dataclass
+class TmaMaps:
+    """The K and V tensor maps of a tma=1 plan (kernels/tma.py), encoded into its packed
+    arguments again only when a call's cache addresses differ from the last ones."""
+
+    dtype: str
+    k_geo: object  # tma.MapGeometry
+    v_geo: object
+    ptrs: tuple = (None, None)
+
+    def encode_into(self, args, k_ptr: int, v_ptr: int) -> None:
+        from drafter_attn.kernels import tma
+
+        args.tma_k = tma.encode(k_ptr, self.dtype, self.k_geo)
+        args.tma_v = tma.encode(v_ptr, self.dtype, self.v_geo)
+        self.ptrs = (k_ptr, v_ptr)
 
 
 @dataclass
@@ -901,7 +960,10 @@ class CupyBackend:
         rows = dims.block_size * dims.group
         part_elems, lse_elems = partial_elems(dims.batch, dims.num_kv_heads, rows, dims.head_dim,
                                               splits)
-        packed = DrafterParams(
+        maps = None
+        if p.tma:
+            maps = _tma_maps(k_cache, v_cache, dims.page_size, p.tile_n)
+        packed = (TmaDrafterParams if maps else DrafterParams)(
             loc_stride=loc_stride(k_cache, dims.page_size), qb=dims.block_size, hq=dims.num_q_heads,
             hkv=dims.num_kv_heads, group=dims.group,
             table_stride=table.shape[1] if layout == "paged" else 1, capacity=dims.capacity,
@@ -916,7 +978,7 @@ class CupyBackend:
                              CombineArgs(batch=dims.batch, qb=dims.block_size,
                                          hq=dims.num_q_heads, hkv=dims.num_kv_heads,
                                          group=dims.group, splits=splits))
-        plan = AttentionPlan(index, splits, part_elems, lse_elems, attention, combine)
+        plan = AttentionPlan(index, splits, part_elems, lse_elems, attention, combine, maps)
         self._plans[key] = plan
         return plan
 
@@ -962,6 +1024,23 @@ def _hint_key(layout: str, args, max_ctx):
     except (AttributeError, IndexError, TypeError):
         return None
     return contract.plan_ctx(max_ctx, cap, "block_table" if layout == "paged" else "k_arena")
+
+
+def _tma_maps(k_cache: torch.Tensor, v_cache: torch.Tensor, page_size: int | None,
+              tile_n: int) -> TmaMaps:
+    """The tensor-map geometry of both caches (kernels/tma.py), checked against the driver's
+    limits before any kernel runs (ValueError)."""
+    from drafter_attn.kernels import tma
+
+    geos = []
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        stride0 = cache.stride(0) if cache.shape[0] > 1 else cache[0].numel()
+        geo = tma.geometry(tuple(cache.shape), stride0, page_size, tile_n, cache.element_size())
+        reason = tma.check(geo, cache.data_ptr())
+        if reason:
+            raise ValueError(f"{name}: tma=1 cannot map it: {reason}")
+        geos.append(geo)
+    return TmaMaps(str(k_cache.dtype).removeprefix("torch."), *geos)
 
 
 def _check_kernel_inputs(ref: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:

@@ -23,11 +23,12 @@ pytestmark = pytest.mark.gpu
 
 # Registry names, optionally with pinned params: "cupy" runs wgmma on sm_90 where the shape allows,
 # "cupy:wgmma=0" forces the mma.sync path everywhere; "cupy:overlap=1" / "=2" software-pipeline the
-# wgmma path (sm_90a only; they refuse shapes without it, e.g. 9-warp CTAs); "cutlass" is the CuTe
+# wgmma path (sm_90a only; they refuse shapes without it, e.g. 9-warp CTAs), "cupy:tma=1" loads its
+# context tiles with bulk tensor copies (the same shapes, sm_90a only); "cutlass" is the CuTe
 # port of the same algorithm (mma.sync), "cutlass:wgmma=1" its warpgroup-MMA path on sm_90 where
 # the shape allows. `cupy:wgmma=1` on CTAs that are not whole warpgroups (laguna's 9 warps padded
 # to 3 warpgroups) is checked by the test_padded_wgmma_* tests at the end of this file.
-BACKENDS = ["cupy", "cupy:wgmma=0", "cupy:overlap=1", "cupy:overlap=2", "cutlass",
+BACKENDS = ["cupy", "cupy:wgmma=0", "cupy:overlap=1", "cupy:overlap=2", "cupy:tma=1", "cutlass",
             "cutlass:wgmma=1"]
 
 
@@ -230,6 +231,58 @@ def test_graph_replay_and_no_host_sync(backend, layout):
     assert torch.equal(static_out, eager)
     for got, want in zip(cache, eager_cache):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page", [16, 64, 128, None])
+def test_nan_past_the_context(backend, page):
+    """Cache rows past each context (the rest of its last page, pages no table names, arena
+    rows past the length, unassigned slots) hold NaN, as never-written pool memory may: a kernel
+    that reads them in whole tiles (the TMA path) must keep them out of P.V."""
+    impl = _fresh(backend)
+    geom = PRESETS["qwen3-8b-dflash-b16"]
+    gen = torch.Generator().manual_seed(page or 3)
+    lens = [1, 63, 65, 700, 2049, 0]
+    q, kb, vb = _block_inputs(geom, len(lens), gen)
+    if page:
+        k, v, table, ctx = random_paged_context(geom, lens, page, "cuda", gen, extra_pages=1)
+        ref = reference.paged_attention(q, kb, vb, k, v, table, ctx)
+        used = torch.zeros(k.shape[0], page, dtype=torch.bool, device="cuda")
+        for b, n in enumerate(lens):
+            for j in range(-(-n // page)):
+                used[int(table[b, j]), : min(page, n - j * page)] = True
+        for t in (k, v):
+            t.masked_fill_(~used[:, None, :, None], float("nan"))
+        fn, cache = impl.paged_attention, (k, v, table, ctx)
+    else:
+        k, v, slots, ctx = random_arena_context(geom, lens, 2100, "cuda", gen, extra_slots=2)
+        ref = reference.arena_attention(q, kb, vb, k, v, slots, ctx)
+        used = torch.zeros(k.shape[0], k.shape[1], dtype=torch.bool, device="cuda")
+        for b, n in enumerate(lens):
+            used[int(slots[b]), :n] = True
+        for t in (k, v):
+            t.masked_fill_(~used[:, :, None, None], float("nan"))
+        fn, cache = impl.arena_attention, (k, v, slots, ctx)
+    _poison_allocator(q)
+    _assert_close(fn(q, kb, vb, *cache), ref, geom.dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_new_cache_addresses_between_calls(backend):
+    """A plan's second call on other cache tensors of the same shapes reads those (the TMA
+    path's tensor maps hold the cache addresses: they are encoded again)."""
+    impl = _fresh(backend)
+    geom = PRESETS["qwen3-8b-dflash-b16"]
+    gen = torch.Generator().manual_seed(5)
+    lens = [300, 1500]
+    q, kb, vb = _block_inputs(geom, len(lens), gen)
+    first = random_paged_context(geom, lens, 64, "cuda", gen)
+    second = [t.clone() for t in first]
+    second[0].normal_(generator=torch.Generator("cuda").manual_seed(1))
+    second[1].normal_(generator=torch.Generator("cuda").manual_seed(2))
+    for cache in (first, second, first):
+        ref = reference.paged_attention(q, kb, vb, *cache)
+        _assert_close(impl.paged_attention(q, kb, vb, *cache), ref, geom.dtype)
 
 
 # ---------------------------------------------------------------------------------------------

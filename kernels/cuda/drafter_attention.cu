@@ -10,7 +10,10 @@
 // warpgroup MMAs reading K/V straight from shared memory, once per 64 rows instead of once per
 // 16-row warp; K/V stages then use the no-swizzle core-matrix layout instead of padded rows),
 // OVERLAP (with WGMMA only: software-pipelined tiles, S(v+1) = Q K(v+1)^T on the tensor cores
-// while tile v's softmax runs; K and V in separate stage rings; see the #if OVERLAP block).
+// while tile v's softmax runs; K and V in separate stage rings; see the #if OVERLAP block),
+// TMA (with OVERLAP only: one thread loads each context tile with bulk tensor copies that land
+// already swizzled and complete on a shared-memory barrier, instead of every thread's cp.async;
+// see the #if TMA blocks).
 //
 // One CTA = one (request b, KV head, KV split). Its Qb*G query rows (all query heads sharing the KV
 // head, for every block position) form one M-tile, so each K/V byte is read once per split and
@@ -30,6 +33,12 @@
 #include "params.cuh"
 #if WGMMA
 #include "wgmma.cuh"
+#endif
+#if TMA
+#include "tma.cuh"
+#define DRAFTER_TMA_PARAMS , const TmaMap* __restrict__ tma_k, const TmaMap* __restrict__ tma_v
+#else
+#define DRAFTER_TMA_PARAMS
 #endif
 
 using namespace drafter;
@@ -125,9 +134,18 @@ DRAFTER_HD __forceinline__ int lookup_row(int tid, int j) {
 // ring slot t % ID_SLOTS with the loads of tile t - STAGES (cp.async group t - STAGES, complete
 // at the top of iteration t - STAGES, where tile t is issued); every lane then reads its id with
 // a shared load. Slots in use at iteration v: tiles v+STAGES (read) .. v+2*STAGES (written).
-constexpr bool ID_RING = OVERLAP && LANE_IDS;
+constexpr bool ID_RING = OVERLAP && LANE_IDS && !TMA;
 constexpr int ID_SLOTS = STAGES + 1;
-constexpr int ID_RING_INTS = ID_RING ? ID_SLOTS * NUM_WARPS * PG : 0;
+#if TMA
+// TMA: a context tile is BOXES boxes of BOX_ROWS keys per 64-column half (one box per page at
+// pages smaller than a tile), each landing in the layout above: the map's 128-byte swizzle is
+// the same XOR of chunk and row % 8 within 1024-byte atoms. K and V of a tile complete on one
+// barrier, TILE_BYTES in all (boxes past the tensor's bounds are zero-filled and count too).
+constexpr int BOX_ROWS = (PAGE_SIZE > 0 && PAGE_SIZE < N) ? PAGE_SIZE : N;
+constexpr int BOXES = N / BOX_ROWS;
+constexpr unsigned TILE_BYTES = 2u * N * D * sizeof(elem_t);
+static_assert(OVERLAP && !Q_SMEM, "TMA feeds the pipelined wgmma path with Q in registers");
+#endif
 #else
 constexpr int TILE_ELEMS = N * ROW_STRIDE;
 // Load mapping. CONTIG: CPR threads share a row (coalesced), and each thread walks ITERS
@@ -150,7 +168,7 @@ constexpr int PGR = PG;
 DRAFTER_HD __forceinline__ int lookup_row(int tid, int j) { return page_row(tid, j); }
 constexpr bool ID_RING = false;
 constexpr int ID_SLOTS = 1;
-constexpr int ID_RING_INTS = 0;
+static_assert(!TMA, "TMA needs the wgmma path");
 #endif
 
 // Packed query row of a thread's accumulator rows: half 0 holds row g = lane / 4 of its warp's
@@ -195,14 +213,15 @@ __device__ __forceinline__ void attention_body(
     const elem_t* __restrict__ k_cache, const elem_t* __restrict__ v_cache,
     const int* __restrict__ table, const int* __restrict__ ctx_lens, elem_t* __restrict__ out,
     float* __restrict__ o_part, float* __restrict__ lse_part, int qb, int hq, int hkv, int group,
-    int table_stride, int capacity, int loc_stride, int mask_mode, int window, float scale_log2) {
+    int table_stride, int capacity, int loc_stride, int mask_mode, int window, float scale_log2
+    DRAFTER_TMA_PARAMS) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // swizzle atoms: 1024 B
   // V stages: OVERLAP keeps V(v-1) in use one tile longer than K (see the #if OVERLAP block).
   // (Function-local: a namespace-scope constant would add a symbol to every cubin.)
   constexpr int V_STAGES = STAGES + (OVERLAP ? 1 : 0);
   elem_t* sK = reinterpret_cast<elem_t*>(smem_raw);  // [STAGES][N][ROW_STRIDE]
   elem_t* sV = sK + STAGES * TILE_ELEMS;  // [V_STAGES][N][ROW_STRIDE]
-  // ID_RING: [ID_SLOTS][NUM_WARPS][PG] page ids after the stages and Q (ID_RING_INTS ints)
+  // ID_RING: [ID_SLOTS][NUM_WARPS][PG] page ids after the stages and Q; TMA: [STAGES] barriers
   int* sIds = reinterpret_cast<int*>(sV + V_STAGES * TILE_ELEMS + (Q_SMEM ? NUM_WARPS * 16 * ROW_STRIDE : 0));
 
   const int split = blockIdx.x, num_splits = gridDim.x;
@@ -349,6 +368,108 @@ __device__ __forceinline__ void attention_body(
   // wgmma.wait_group before it), so nothing reads an accumulator a wgmma still writes.
   auto reg_fence = [](float& x) { asm volatile("" : "+f"(x)::"memory"); };
 
+#if TMA
+  // ---- TMA: warp 0 loads the context tiles, lane 0 issuing the copies; tile t completes on
+  // barrier t % STAGES (phase t / STAGES), armed when its loads are issued: at iteration
+  // t - STAGES, after the barrier at which every thread has passed its wait for tile t - STAGES.
+  // The block's own tile (last) still goes by cp.async, with a cp.async.wait_group before use.
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(sIds);
+  if (tid == 0) {
+    tma_prefetch_map(tma_k);
+    tma_prefetch_map(tma_v);
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) mbar_init(bars + s, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+#if PAGE_SIZE > 0
+  // Page ids, 32 at a time, through shared memory: lane L of warp 0 cp.asyncs the id of the
+  // split's page 32 c + L of chunk c into buffer c % 2, one chunk ahead of its use. (An id
+  // loaded into a register in the loop made ptxas wait for it at the next wgmma fence: a table
+  // round trip per chunk.) Pages at or past P are never read from the table: their boxes get
+  // page -1, out of bounds, zero-filled.
+  int* sPid = reinterpret_cast<int*>(bars + STAGES);  // [2][32]
+  const int pbase = t0 * N / PAGE_SIZE, p_end = (P + PAGE_SIZE - 1) / PAGE_SIZE;
+  auto fetch_chunk = [&](int c) {
+    const int pidx = pbase + 32 * c + lane;
+    cp_async_4(sPid + (c & 1) * 32 + lane, trow + (pidx < p_end ? pidx : 0), pidx < p_end);
+  };
+  int chunk = 0;
+  if (warp == 0 && !SKIP_LOADS && n_ctx_here > 0) {
+    fetch_chunk(0);
+    fetch_chunk(1);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncwarp();
+  }
+#else
+  const int slot = warp == 0 && !SKIP_LOADS && n_ctx_here > 0 ? trow[0] : 0;
+#endif
+  auto issue_tma = [&](int t, int kstage, int vstage) {
+    if (SKIP_LOADS || warp != 0) return;
+    unsigned long long* bar = bars + t % STAGES;
+    elem_t* dK = sK + kstage * TILE_ELEMS;
+    elem_t* dV = sV + vstage * TILE_ELEMS;
+    if (lane == 0) mbar_arrive_expect_tx(bar, TILE_BYTES);
+#pragma unroll
+    for (int j = 0; j < BOXES; ++j) {
+      const int kb = (t0 + t) * N + j * BOX_ROWS;
+#if PAGE_SIZE > 0
+      // a box's page: at most one chunk further than the last box's. Entering chunk c: its
+      // ids (fetched on entering c - 1) have landed; chunk c + 1 goes into c - 1's buffer.
+      const int rel = kb / PAGE_SIZE - pbase;
+      if (rel >= 32 * (chunk + 1)) {
+        ++chunk;
+        cp_async_wait<0>();
+        __syncwarp();
+        fetch_chunk(chunk + 1);
+        cp_async_commit();
+      }
+      const int c1 = kb % PAGE_SIZE, c2 = kvh, c3 = kb < P ? sPid[(chunk & 1) * 32 + (rel & 31)] : -1;
+#else
+      const int c1 = kvh, c2 = kb, c3 = slot;  // arena map: {d, head, token, slot}
+#endif
+      if (lane == 0) {
+#pragma unroll
+        for (int h = 0; h < D / 64; ++h) {
+          tma_load_4d(dK + h * HALF_ELEMS + j * BOX_ROWS * 64, tma_k, bar, h * 64, c1, c2, c3);
+          tma_load_4d(dV + h * HALF_ELEMS + j * BOX_ROWS * 64, tma_v, bar, h * 64, c1, c2, c3);
+        }
+      }
+    }
+  };
+  int no_ids[PGR] = {};
+  // tile t: a context tile by TMA, the block's by cp.async (its rows past qb zero-filled)
+  auto load_tile = [&](int t) {
+    if (t < n_ctx_here) {
+      issue_tma(t, t % STAGES, t % V_STAGES);
+    } else if (t < n_iter) {
+      issue(t, t % STAGES, t % V_STAGES, no_ids);
+      cp_async_commit();
+    }
+  };
+  auto wait_tile = [&](int t) {
+    if (SKIP_LOADS || t >= n_iter) return;
+    if (t < n_ctx_here) mbar_wait(bars + t % STAGES, (t / STAGES) & 1);
+    else cp_async_wait<0>();
+  };
+  // The rows of a context tile at or past P hold whatever the page (or the arena slot) holds:
+  // zero their V rows (P is 0 there, and 0 * NaN would poison P.V). Called after the barrier
+  // that follows the tile's wait; the next iteration's fence and barrier publish the zeros to
+  // the P.V wgmma. Only the last context tile of a request can have such rows.
+  auto zero_tail = [&](int t) {
+    if (SKIP_LOADS || t >= n_ctx_here) return;
+    const int first = P - (t0 + t) * N;
+    if (first >= N) return;
+    elem_t* dV = sV + (t % V_STAGES) * TILE_ELEMS;
+    for (int c = tid; c < (N - first) * CPR; c += NT) {
+      const int r = first + c / CPR, col = (c % CPR) * 8;
+      *reinterpret_cast<uint4*>(dV + tile_off(r, col)) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < STAGES; ++s) load_tile(s);
+#else
   // Prologue: tiles 0..STAGES-1, every page-id lookup first where one id per tile suffices
   int pg[PGR];
   if (PGR == 1) {
@@ -373,6 +494,7 @@ __device__ __forceinline__ void attention_body(
     }
   }
   if (!ID_RING && STAGES < n_iter) lookup(STAGES, pg);
+#endif
 
   // Every warpgroup has query rows here (NUM_WARPS = 4 * ceil(M / 64) on this path, whole
   // warpgroups; the rows past M of the last one are zero Q rows, never stored), so no warp
@@ -419,6 +541,9 @@ __device__ __forceinline__ void attention_body(
   // ID_RING, that tile's ids from the ring and the ids of tile v + 2 * STAGES into it.
   auto load_next = [&](int v) {
     const int vn = v + STAGES;
+#if TMA
+    load_tile(vn);
+#else
     if (ID_RING) {
       if (vn < n_iter) {
         const int ids[PGR] = {sIds[((vn % ID_SLOTS) * NUM_WARPS + warp) * PG + lane % PG]};
@@ -431,11 +556,19 @@ __device__ __forceinline__ void attention_body(
     if (vn < n_iter) issue(vn, vn % STAGES, vn % V_STAGES, pg);
     cp_async_commit();
     if (vn + 1 < n_iter) lookup(vn + 1, pg);
+#endif
   };
 
+#if TMA
+  wait_tile(0);
+#else
   cp_async_wait<STAGES - 1>();  // group 0: tile 0 (and Q with Q_SMEM)
+#endif
   fence_proxy_async();
   __syncthreads();
+#if TMA
+  zero_tail(0);
+#endif
   if (!SKIP_COMPUTE && n_iter > 0) {
     issue_s(0);
     wgmma_wait<0>();
@@ -443,11 +576,18 @@ __device__ __forceinline__ void attention_body(
   }
 
   for (int v = 0; v < n_iter; ++v) {
+#if TMA
+    wait_tile(v + 1);  // K(v+1) and V(v+1)
+#else
     cp_async_wait<STAGES - 2>();  // group v+1: K(v+1) (V(v) came with group v)
+#endif
     fence_proxy_async();  // cp.async data (generic proxy) is read next by wgmma (async proxy)
     // Tile v+1 visible to all. Every warpgroup waited for S(v) and P(v-1)V(v-1) at the end of
     // the last iteration: K stage v % STAGES and V stage (v-1) % (STAGES + 1) are free.
     __syncthreads();
+#if TMA
+    zero_tail(v + 1);
+#endif
     if (!SKIP_COMPUTE) {
 #pragma unroll
       for (int n = 0; n < NTILES; ++n) {
@@ -786,7 +926,16 @@ __device__ __forceinline__ void attention_body(
   }
 }
 
+#if TMA
+// The tensor maps of the K and V caches (kernels/tma.py), after the shared parameters.
+extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS)
+    drafter_attention(DRAFTER_KERNEL_PARAMS, const __grid_constant__ TmaMap tma_k,
+                      const __grid_constant__ TmaMap tma_v) {
+  attention_body(DRAFTER_BODY_ARGS, &tma_k, &tma_v);
+}
+#else
 extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS) drafter_attention(DRAFTER_KERNEL_PARAMS) {
   attention_body(DRAFTER_BODY_ARGS);
 }
+#endif
 #endif  // DRAFTER_LAYOUTS_ONLY

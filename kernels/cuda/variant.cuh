@@ -28,3 +28,6 @@
 #ifndef OVERLAP
 #define OVERLAP 0  // drafter_attention.cu, wgmma path: 1 or 2 pipelines the tiles
 #endif
+#ifndef TMA
+#define TMA 0  // drafter_attention.cu, pipelined wgmma path: context tiles by bulk tensor copies
+#endif
