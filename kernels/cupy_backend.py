@@ -111,7 +111,7 @@ def id_ring_bytes(tile_n: int, stages: int, head_dim: int, warps: int, page_size
 
 def tma_bytes(stages: int) -> int:
     """Shared memory of the TMA path beside the stages: one 8-byte barrier per stage and two
-    chunks of 32 page ids (drafter_attention.cu, TMA)."""
+    chunks of 32 page ids (drafter_attention.cu, TMA_LOADS)."""
     return stages * 8 + 2 * 32 * 4
 
 
@@ -460,7 +460,7 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         reason = tma_reason(params, head_dim, warps, sm)
         if reason:
             raise ValueError(reason)
-        defines["TMA"] = 1
+        defines["TMA_LOADS"] = 1
     return defines
 
 
@@ -547,8 +547,8 @@ def _load(index: int, defines_items: tuple) -> Module:
     smem += id_ring_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
                           defines["NUM_WARPS"], defines["PAGE_SIZE"],
                           bool(defines["WGMMA"] and defines.get("OVERLAP", 0)
-                               and not defines.get("TMA", 0)))
-    if defines.get("TMA", 0):
+                               and not defines.get("TMA_LOADS", 0)))
+    if defines.get("TMA_LOADS", 0):
         smem += tma_bytes(defines["STAGES"])
     return load_cubin(index, result.cubin_path, smem, defines["NUM_WARPS"] * 32)
 

@@ -99,9 +99,9 @@ def test_shared_memory_counts_barriers_and_page_ids_not_the_ring():
 
 def test_variant_defines_name_tma_only_when_on():
     p = registry.from_spec("cupy:tma=1").params_for(_problem(), 90)
-    assert cb.variant_defines("bfloat16", 128, 64, 16, 4, p, 90)["TMA"] == 1
+    assert cb.variant_defines("bfloat16", 128, 64, 16, 4, p, 90)["TMA_LOADS"] == 1
     plain = registry.get("cupy").params_for(_problem(), 90)
-    assert "TMA" not in cb.variant_defines("bfloat16", 128, 64, 16, 4, plain, 90)
+    assert "TMA_LOADS" not in cb.variant_defines("bfloat16", 128, 64, 16, 4, plain, 90)
 
 
 def _sass(defines):

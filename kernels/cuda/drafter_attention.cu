@@ -11,9 +11,9 @@
 // 16-row warp; K/V stages then use the no-swizzle core-matrix layout instead of padded rows),
 // OVERLAP (with WGMMA only: software-pipelined tiles, S(v+1) = Q K(v+1)^T on the tensor cores
 // while tile v's softmax runs; K and V in separate stage rings; see the #if OVERLAP block),
-// TMA (with OVERLAP only: one thread loads each context tile with bulk tensor copies that land
+// TMA_LOADS (with OVERLAP only: one thread loads each context tile with bulk tensor copies that land
 // already swizzled and complete on a shared-memory barrier, instead of every thread's cp.async;
-// see the #if TMA blocks).
+// see the #if TMA_LOADS blocks).
 //
 // One CTA = one (request b, KV head, KV split). Its Qb*G query rows (all query heads sharing the KV
 // head, for every block position) form one M-tile, so each K/V byte is read once per split and
@@ -34,7 +34,7 @@
 #if WGMMA
 #include "wgmma.cuh"
 #endif
-#if TMA
+#if TMA_LOADS
 #include "tma.cuh"
 #define DRAFTER_TMA_PARAMS , const TmaMap* __restrict__ tma_k, const TmaMap* __restrict__ tma_v
 #else
@@ -134,10 +134,10 @@ DRAFTER_HD __forceinline__ int lookup_row(int tid, int j) {
 // ring slot t % ID_SLOTS with the loads of tile t - STAGES (cp.async group t - STAGES, complete
 // at the top of iteration t - STAGES, where tile t is issued); every lane then reads its id with
 // a shared load. Slots in use at iteration v: tiles v+STAGES (read) .. v+2*STAGES (written).
-constexpr bool ID_RING = OVERLAP && LANE_IDS && !TMA;
+constexpr bool ID_RING = OVERLAP && LANE_IDS && !TMA_LOADS;
 constexpr int ID_SLOTS = STAGES + 1;
-#if TMA
-// TMA: a context tile is BOXES boxes of BOX_ROWS keys per 64-column half (one box per page at
+#if TMA_LOADS
+// TMA_LOADS: a context tile is BOXES boxes of BOX_ROWS keys per 64-column half (one box per page at
 // pages smaller than a tile), each landing in the layout above: the map's 128-byte swizzle is
 // the same XOR of chunk and row % 8 within 1024-byte atoms. K and V of a tile complete on one
 // barrier, TILE_BYTES in all (boxes past the tensor's bounds are zero-filled and count too).
@@ -168,7 +168,7 @@ constexpr int PGR = PG;
 DRAFTER_HD __forceinline__ int lookup_row(int tid, int j) { return page_row(tid, j); }
 constexpr bool ID_RING = false;
 constexpr int ID_SLOTS = 1;
-static_assert(!TMA, "TMA needs the wgmma path");
+static_assert(!TMA_LOADS, "TMA needs the wgmma path");
 #endif
 
 // Packed query row of a thread's accumulator rows: half 0 holds row g = lane / 4 of its warp's
@@ -368,8 +368,8 @@ __device__ __forceinline__ void attention_body(
   // wgmma.wait_group before it), so nothing reads an accumulator a wgmma still writes.
   auto reg_fence = [](float& x) { asm volatile("" : "+f"(x)::"memory"); };
 
-#if TMA
-  // ---- TMA: warp 0 loads the context tiles, lane 0 issuing the copies; tile t completes on
+#if TMA_LOADS
+  // ---- TMA_LOADS: warp 0 loads the context tiles, lane 0 issuing the copies; tile t completes on
   // barrier t % STAGES (phase t / STAGES), armed when its loads are issued: at iteration
   // t - STAGES, after the barrier at which every thread has passed its wait for tile t - STAGES.
   // The block's own tile (last) still goes by cp.async, with a cp.async.wait_group before use.
@@ -541,7 +541,7 @@ __device__ __forceinline__ void attention_body(
   // ID_RING, that tile's ids from the ring and the ids of tile v + 2 * STAGES into it.
   auto load_next = [&](int v) {
     const int vn = v + STAGES;
-#if TMA
+#if TMA_LOADS
     load_tile(vn);
 #else
     if (ID_RING) {
@@ -559,14 +559,14 @@ __device__ __forceinline__ void attention_body(
 #endif
   };
 
-#if TMA
+#if TMA_LOADS
   wait_tile(0);
 #else
   cp_async_wait<STAGES - 1>();  // group 0: tile 0 (and Q with Q_SMEM)
 #endif
   fence_proxy_async();
   __syncthreads();
-#if TMA
+#if TMA_LOADS
   zero_tail(0);
 #endif
   if (!SKIP_COMPUTE && n_iter > 0) {
@@ -576,7 +576,7 @@ __device__ __forceinline__ void attention_body(
   }
 
   for (int v = 0; v < n_iter; ++v) {
-#if TMA
+#if TMA_LOADS
     wait_tile(v + 1);  // K(v+1) and V(v+1)
 #else
     cp_async_wait<STAGES - 2>();  // group v+1: K(v+1) (V(v) came with group v)
@@ -585,7 +585,7 @@ __device__ __forceinline__ void attention_body(
     // Tile v+1 visible to all. Every warpgroup waited for S(v) and P(v-1)V(v-1) at the end of
     // the last iteration: K stage v % STAGES and V stage (v-1) % (STAGES + 1) are free.
     __syncthreads();
-#if TMA
+#if TMA_LOADS
     zero_tail(v + 1);
 #endif
     if (!SKIP_COMPUTE) {
@@ -926,7 +926,7 @@ __device__ __forceinline__ void attention_body(
   }
 }
 
-#if TMA
+#if TMA_LOADS
 // The tensor maps of the K and V caches (kernels/tma.py), after the shared parameters.
 extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS)
     drafter_attention(DRAFTER_KERNEL_PARAMS, const __grid_constant__ TmaMap tma_k,

@@ -1,5 +1,5 @@
 // SM90 bulk tensor copies (TMA) and the shared-memory barriers they complete on. Only compiled
-// for sm_90a with TMA=1 (drafter_attention.cu). The host encodes the tensor maps
+// for sm_90a with TMA_LOADS=1 (drafter_attention.cu). The host encodes the tensor maps
 // (kernels/tma.py) and passes them as __grid_constant__ kernel parameters.
 #pragma once
 #include "common.cuh"

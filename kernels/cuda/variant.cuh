@@ -28,6 +28,7 @@
 #ifndef OVERLAP
 #define OVERLAP 0  // drafter_attention.cu, wgmma path: 1 or 2 pipelines the tiles
 #endif
-#ifndef TMA
-#define TMA 0  // drafter_attention.cu, pipelined wgmma path: context tiles by bulk tensor copies
+#ifndef TMA_LOADS
+#define TMA_LOADS 0  // drafter_attention.cu, pipelined wgmma path: context tiles by bulk tensor
+// copies (TMA; not `TMA`: CuTe has a namespace of that name)
 #endif
