@@ -27,7 +27,10 @@ BOX_COLS = 64  # head-dim elements per box: 128 bytes of 16-bit elements, the sw
 # CUtensorMapDataType, CUtensorMapSwizzle, CUtensorMapL2promotion (cuda.h)
 _DTYPE = {"bfloat16": 9, "float16": 6}
 _SWIZZLE_128B = 3
-_L2_PROMOTION_256B = 3
+# L2 promotion of each request to 128 bytes, a box row's own size. 256-byte promotion fetched
+# each 256-byte K/V row twice, once per 64-column box (H200, B=32 ctx 8k page 64, loads only:
+# 263.2 us with 256-byte promotion, 248.5 with 128-byte or none; results/perf-notes.md).
+_L2_PROMOTION_128B = 2
 
 
 class TmaMap(ctypes.Structure):
@@ -85,7 +88,7 @@ def _encode_fn():
 
 
 def encode(address: int, dtype: str, geo: MapGeometry) -> TmaMap:
-    """cuTensorMapEncodeTiled: 128-byte swizzle, 256-byte L2 promotion, zero fill."""
+    """cuTensorMapEncodeTiled: 128-byte swizzle, 128-byte L2 promotion, zero fill."""
     reason = check(geo, address)
     if reason:
         raise ValueError(f"TMA map: {reason}")
@@ -95,7 +98,7 @@ def encode(address: int, dtype: str, geo: MapGeometry) -> TmaMap:
     u64x4, u64x3, u32x4 = ctypes.c_uint64 * 4, ctypes.c_uint64 * 3, ctypes.c_uint32 * 4
     err = _encode_fn()(aligned, _DTYPE[dtype], 4, address, u64x4(*geo.dims),
                        u64x3(*geo.strides), u32x4(*geo.box), u32x4(1, 1, 1, 1), 0,
-                       _SWIZZLE_128B, _L2_PROMOTION_256B, 0)
+                       _SWIZZLE_128B, _L2_PROMOTION_128B, 0)
     if err:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed: CUresult {err} ({geo})")
     out = TmaMap()

@@ -18,8 +18,9 @@ tail -n 1 "$OUT/precompile.log" | tee -a "$OUT/summary.txt"; rm -f "$OUT/precomp
 # node ids, not -k: a -k keyword such as "tma" matches far more than the tma=1 cases
 python3 -m pytest --collect-only -q -m gpu tests/test_backends_gpu.py 2>/dev/null \
   | grep -E "cupy:tma=1\]|(nan_past|new_cache_addresses).*cupy" > /tmp/tma_tests.txt
+mapfile -t ids < /tmp/tma_tests.txt  # ids hold spaces: "[0, 1086, 33]"
 timeout "$(clamp $(( $(left) - 300 )) 150 60)" python3 -m pytest -m gpu -q -p no:cacheprovider \
-  --maxfail=10 -rf $(cat /tmp/tma_tests.txt) > "$OUT/gpu_tests.log" 2>&1
+  --maxfail=10 -rf "${ids[@]}" > "$OUT/gpu_tests.log" 2>&1
 grep -E "^[0-9]+ (passed|failed)|^FAILED|^ERROR" "$OUT/gpu_tests.log" | tee "$OUT/gpu_tests_tail.txt" \
   | tee -a "$OUT/summary.txt"
 tail -n 60 "$OUT/gpu_tests.log" > "$OUT/gpu_tests_log_tail.txt"; rm -f "$OUT/gpu_tests.log"
@@ -32,6 +33,6 @@ t() {  # t NAME ARGS...: the attention table under the time left
   echo "== $name" >> "$OUT/summary.txt"
   grep -E "^\| cupy" "$OUT/$name/attention_rounds.md" 2>/dev/null | cut -c1-118 >> "$OUT/summary.txt"
 }
-t small --shapes 1x2k,1x8k,1x32k,8x8k,32x8k --page 64
+t small --shapes 1x2k,1x8k,1x32k,8x8k,32x8k,8x32k --page 64
 t pages --shapes 8x8k,32x8k --page 16,128
 cat "$OUT/summary.txt"
