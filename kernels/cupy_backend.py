@@ -256,6 +256,12 @@ SM_BUDGETS = {
 }
 # OVERLAP of the default variants where the sm_90a wgmma path runs (0 elsewhere)
 DEFAULT_OVERLAP = 2
+# From this batch up, SM 90's pipelined defaults load context tiles by TMA (`tma`): H200, main
+# preset, same-run medians, cp.async / TMA: B=32 ctx 8k page 64 281.8 / 261.2 us, page 128
+# 280.8 / 258.9, B=8 ctx 32k 285.8 / 262.8, B=8 ctx 8k 81.7 / 81.7; below it TMA's longer start
+# costs more than it saves (B=1 ctx 2k 18.4 / 19.2, 8k 26.9 / 28.3; results/perf-notes.md,
+# "Context tiles by TMA").
+TMA_MIN_BATCH = 8
 # CTAs of more than 8 warps: Q in shared memory, 16-key tiles in 6 stages (mma.sync; every SM but
 # SM 90, which pads them to warpgroups: PADDED_WGMMA).
 MANY_WARPS = dict(tile_n=16, stages=6, q_smem=True)
@@ -353,10 +359,17 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     warps = num_warps(g.block_size, g.group)
     pipelined = dataclasses.replace(params, overlap=DEFAULT_OVERLAP)
     target = code_sm(NO_SM if sm is None else sm)
+    budget = sm_budget(sm).smem_block
     if (overlap_reason(pipelined, g.head_dim, warps, target) is None
             and wgmma_fits(g.head_dim, padded_warps(warps), params.tile_n)
-            and pipelined.smem_bytes(g.head_dim, warps, True, problem.page_size)
-            <= sm_budget(sm).smem_block):
+            and pipelined.smem_bytes(g.head_dim, warps, True, problem.page_size) <= budget):
+        # and, from TMA_MIN_BATCH requests up, its context tiles by TMA (where nothing asked
+        # for or excludes it: `tma` named, Q in shared memory)
+        loaded = dataclasses.replace(pipelined, tma=True)
+        if ("tma" not in overrides and problem.batch >= TMA_MIN_BATCH
+                and tma_reason(loaded, g.head_dim, warps, target) is None
+                and loaded.smem_bytes(g.head_dim, warps, True, problem.page_size) <= budget):
+            return loaded
         return pipelined
     return params
 
@@ -421,6 +434,7 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "q_smem": [False, True],
         "wgmma": [None, False],
         "overlap": [0, 1, 2],
+        "tma": [False, True],
     }
 
 

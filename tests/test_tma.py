@@ -100,8 +100,25 @@ def test_shared_memory_counts_barriers_and_page_ids_not_the_ring():
 def test_variant_defines_name_tma_only_when_on():
     p = registry.from_spec("cupy:tma=1").params_for(_problem(), 90)
     assert cb.variant_defines("bfloat16", 128, 64, 16, 4, p, 90)["TMA_LOADS"] == 1
-    plain = registry.get("cupy").params_for(_problem(), 90)
+    plain = registry.get("cupy").params_for(_problem(batch=1), 90)
     assert "TMA_LOADS" not in cb.variant_defines("bfloat16", 128, 64, 16, 4, plain, 90)
+
+
+def test_default_takes_tma_from_batch_8_on_the_pipelined_path_only():
+    cupy = registry.get("cupy")
+    below, at = cb.TMA_MIN_BATCH - 1, cb.TMA_MIN_BATCH
+    for layout, page in (("paged", 16), ("paged", 64), ("arena", None)):
+        assert not cupy.params_for(_problem(layout, page, batch=below), 90).tma
+        assert cupy.params_for(_problem(layout, page, batch=at), 90).tma
+    # not where something excludes it or names it, nor off SM 90, nor on laguna's padded path
+    assert not cupy.with_params(q_smem=True).params_for(_problem(batch=32), 90).tma
+    assert not cupy.with_params(overlap=0).params_for(_problem(batch=32), 90).tma
+    assert not cupy.with_params(tma=False).params_for(_problem(batch=32), 90).tma
+    assert cupy.with_params(tma=True).params_for(_problem(batch=1), 90).tma
+    assert not cupy.params_for(_problem(batch=32), 100).tma
+    assert not cupy.params_for(_problem(geom=PRESETS["laguna-dflash"], batch=32), 90).tma
+    for sm in (90, 100, None):  # every default it picks, it runs
+        assert cupy.supports(_problem(batch=32), sm) is None
 
 
 def _sass(defines):
