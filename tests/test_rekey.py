@@ -158,3 +158,31 @@ def test_cli_without_from_on_todays_sources(tmp_path, capsys):
     path = _db(tmp_path, nvrtc.sources_digest())
     assert main(["rekey", "--db", str(path), "--dry-run"]) == 0
     assert "is on today's kernel sources" in capsys.readouterr().out
+
+
+def test_complete_params_fills_a_parameter_added_since(tmp_path):
+    """Rows measured before a backend gained a parameter (cupy's `tma`) get it, with the value
+    today's package resolves from the row's own parameters (the kernel rekey compared), and the
+    candidate key today's sweep gives that candidate; a second run changes nothing."""
+    from drafter_attn.kernels import registry
+    from drafter_attn.kernels.presets import PRESETS
+    from drafter_attn.kernels.spec import Problem
+    from drafter_attn.tuner.db import candidate_key
+
+    path = _db(tmp_path, nvrtc.sources_digest())  # rows without `tma`, on today's sources
+    dry = rekey.complete_params(path, dry_run=True)
+    assert dry["completed"] == 2 and dry["added"] == {"tma": 2}
+    s = rekey.complete_params(path)
+    assert s["completed"] == 2 and s["added"] == {"tma": 2} and s["kept"] == 0
+    with ProfileDB(path, create=False) as db:
+        rows = db.query("SELECT * FROM results WHERE impl = 'cupy' ORDER BY batch")
+    # `overlap` named, so the defaults' TMA rule (batch >= 8) does not apply: tma=False, the
+    # cp.async kernel these rows ran; which is today's {tma = false} candidate at B=32
+    assert [json.loads(r["params"])["tma"] for r in rows] == [False, False]
+    big = rows[1]
+    problem = Problem(PRESETS["qwen3-8b-dflash-b16"], "paged", 64, 32, 2048)
+    full = registry.resolve_params(registry.get("cupy"), problem, 90, {"tma": False})
+    assert json.loads(big["params"]) == full
+    assert big["candidate_key"] == candidate_key(json.loads(big["problem_key"]), big["accepted"],
+                                                 "cupy", full)
+    assert rekey.complete_params(path)["completed"] == 0

@@ -13,6 +13,13 @@ stay where they were: stale, measured again by the next sweep (which skips the m
 it skips any row its environment already holds). Each run is recorded in the database's `meta`
 table ("rekey <time>").
 
+A parameter added to a backend since a row was measured (cupy's `tma`, 2026-12-01) is missing
+from that row's resolved parameters, so its candidate key matches no candidate of today's sweeps
+and every such row would be measured again. `complete_params` fills it in, for rows on today's
+sources, with the value today's package resolves from the row's own parameters: the value under
+which the rekey just proved the row's machine code unchanged (a parameter added with a default
+that keeps the old code).
+
 What it does not prove, like the hash itself: host-side launch choices outside the kernels
 (split counts, grids) and the compiler on the measuring machine (the code is compared as this
 machine's NVRTC builds it; another NVRTC version could in principle treat the changed lines
@@ -109,6 +116,65 @@ def rekey(db_path, old_root: Path, old_hash: str, *, new_hash: str | None = None
             db.conn.execute("INSERT INTO meta (key, value) VALUES (?, ?)",
                             (f"rekey {dbm.now()}", dbm.canonical_json(summary)))
     return summary
+
+
+def complete_params(db_path, *, dry_run: bool = False) -> dict:
+    """Fill in, on the rows measured on today's kernel sources, every parameter their backend
+    has today that their resolved parameters lack, with the value today's package resolves from
+    the row's own parameters (`with_params(**row).params_for(problem, sm)`, as
+    tuner/kernel_digests.py compiles the row), and re-key them as today's sweeps key that
+    candidate. A row whose completed key another row of its environment already holds is left
+    as it is. Returns {"completed": rows, "added": {parameter: rows}, "kept": rows}."""
+    import dataclasses
+
+    from drafter_attn.kernels import nvrtc, registry
+    from drafter_attn.kernels.spec import Geometry, Problem
+
+    out = {"completed": 0, "added": Counter(), "kept": 0, "dry_run": dry_run}
+    sql = _ROW_SQL.replace("r.ctx_len", "r.ctx_len, r.problem_key, r.accepted")
+    with dbm.ProfileDB(db_path, create=False) as db:
+        rows = db.query(sql, (nvrtc.sources_digest(),))
+        updates = []
+        for r in rows:
+            try:
+                backend = registry.get(r["impl"])
+            except Exception:  # a backend this install cannot build: nothing to resolve with
+                continue
+            if getattr(backend, "family", None) is None:
+                continue
+            params = json.loads(r["params"])
+            g = Geometry(r["num_q_heads"], r["num_kv_heads"], r["head_dim"], r["block_size"],
+                         r["mask"], r["window"], r["num_layers"] or 1, r["dtype"])
+            problem = Problem(g, r["layout"], r["page_size"], r["batch"], r["ctx_len"])
+            try:
+                full = dataclasses.asdict(backend.with_params(**params).params_for(problem, r["sm"]))
+            except (TypeError, ValueError):
+                continue
+            missing = {k: v for k, v in full.items() if k not in params}
+            if not missing:
+                continue
+            done = {**params, **missing}
+            key = dbm.candidate_key(json.loads(r["problem_key"]), r["accepted"], r["impl"], done)
+            updates.append((r, done, key, missing))
+        if dry_run:
+            out["completed"] = len(updates)
+            out["added"] = dict(Counter(k for *_, m in updates for k in m))
+            return out
+        with db.transaction():
+            for r, done, key, missing in updates:
+                if db.query("SELECT 1 FROM results WHERE env_id = ? AND candidate_key = ?",
+                            (r["env_id"], key)):
+                    out["kept"] += 1
+                    continue
+                db.conn.execute("UPDATE results SET params = ?, candidate_key = ? WHERE id = ?",
+                                (dbm.canonical_json(done), key, r["id"]))
+                out["completed"] += 1
+                out["added"].update(missing.keys())
+            out["added"] = dict(out["added"])
+            if out["completed"]:
+                db.conn.execute("INSERT INTO meta (key, value) VALUES (?, ?)",
+                                (f"complete_params {dbm.now()}", dbm.canonical_json(out)))
+    return out
 
 
 def rekey_from_commit(db_path, commit: str, repo: Path = REPO, **kw) -> dict:

@@ -102,7 +102,8 @@ def _todays_sources() -> str:
 def cmd_rekey(args) -> int:
     import subprocess
 
-    from drafter_attn.tuner.rekey import rekey_from_commit, rekey_stale, summary_text
+    from drafter_attn.tuner.rekey import (complete_params, rekey_from_commit, rekey_stale,
+                                          summary_text)
 
     path = args.db or _default_source(None, ("db",))
     try:
@@ -110,9 +111,16 @@ def cmd_rekey(args) -> int:
             summaries = [rekey_from_commit(path, args.from_commit, jobs=args.jobs, dry_run=args.dry_run)]
         else:
             summaries = rekey_stale(path, jobs=args.jobs, dry_run=args.dry_run)
+        completed = complete_params(path, dry_run=args.dry_run)
     except (SchemaError, subprocess.SubprocessError, RuntimeError) as exc:
         return _fail("rekey", exc)
     print("\n".join(map(summary_text, summaries)) or f"every row of {path} is on today's kernel sources")
+    if completed["completed"] or completed["kept"]:
+        added = ", ".join(f"{k} ({n})" for k, n in sorted(completed["added"].items()))
+        print(f"{'would complete' if args.dry_run else 'completed'} the parameters of "
+              f"{completed['completed']} rows on today's sources: {added}"
+              + (f"; {completed['kept']} left as they were (their completed candidate is "
+                 f"measured already)" if completed["kept"] else ""))
     return 0
 
 
