@@ -314,8 +314,6 @@ def _padded_wgmma(problem: Problem, sm: int | None, overrides: dict) -> bool:
     """Whether a CTA of 9-12 warps takes the padded wgmma path: when asked (`wgmma=True`), and by
     default on SM 90 wherever the path takes the shape (H200, laguna B=8-32: 10-19% faster than
     the 9-warp mma.sync variant; results/perf-notes.md, "GQA 9 on the wgmma path")."""
-    from drafter_attn.kernels.nvrtc import code_sm
-
     g = problem.geometry
     warps = num_warps(g.block_size, g.group)
     if not 8 < warps <= MAX_PADDED_WARPS:
@@ -323,7 +321,9 @@ def _padded_wgmma(problem: Problem, sm: int | None, overrides: dict) -> bool:
     if "wgmma" in overrides:
         return bool(overrides["wgmma"])
     tile_n = overrides.get("tile_n", PADDED_WGMMA["tile_n"])
-    return (code_sm(NO_SM if sm is None else sm) == 90
+    # the device itself must be SM 90: wgmma is sm_90a code, which PTX JIT-compiled for
+    # another chip (code_sm 90 on a GPU NVRTC does not know) cannot hold
+    return ((NO_SM if sm is None else sm) == 90
             and wgmma_reason(g.head_dim, warps, tile_n) is None)
 
 
@@ -353,12 +353,10 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     # OVERLAP=2 is 8-14% faster at B >= 8 and up to 8% at B=1 32k, level at B=1 2k-8k); not
     # where forced rows need a predicated load iteration (3 warpgroups: the pipelined variants
     # spill at 168 registers).
-    from drafter_attn.kernels.nvrtc import code_sm
-
     g = problem.geometry
     warps = num_warps(g.block_size, g.group)
     pipelined = dataclasses.replace(params, overlap=DEFAULT_OVERLAP)
-    target = code_sm(NO_SM if sm is None else sm)
+    target = NO_SM if sm is None else sm  # the device's own SM (see _padded_wgmma)
     budget = sm_budget(sm).smem_block
     if (overlap_reason(pipelined, g.head_dim, warps, target) is None
             and wgmma_fits(g.head_dim, padded_warps(warps), params.tile_n)
@@ -412,9 +410,7 @@ def supports(problem: Problem, params: Params | None = None, sm: int | None = No
         return reason
     warps = num_warps(g.block_size, g.group)
     if params.wgmma:  # forced: refused here, not at compile time
-        from drafter_attn.kernels.nvrtc import code_sm
-
-        if sm is not None and code_sm(sm) != 90:
+        if sm is not None and sm != 90:  # sm_90a code: the device itself must be SM 90
             return f"wgmma=1 needs the sm_90a wgmma path, which SM {sm} does not have"
         reason = wgmma_reason(g.head_dim, warps, params.tile_n)
         if reason:

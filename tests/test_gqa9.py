@@ -96,7 +96,9 @@ def test_forced_takes_three_warpgroups(geom, page):
 def test_forced_two_warpgroups_keep_the_pipelined_defaults():
     """108 rows: 7 warps padded to 8, whose tile loads divide (the 8-warp code of qwen3-coder)."""
     p = FORCED.params_for(_problem(QB12_G9), 90)
-    assert p == cb.Params(overlap=cb.DEFAULT_OVERLAP, wgmma=True), p
+    # (and, at this batch, TMA tile loads: the pipelined defaults' from TMA_MIN_BATCH up)
+    assert p == cb.Params(overlap=cb.DEFAULT_OVERLAP, wgmma=True,
+                          tma=_problem(QB12_G9).batch >= cb.TMA_MIN_BATCH), p
     d = _defines(QB12_G9, 64, p)
     assert (d["NUM_WARPS"], d["TILE_N"], d["OVERLAP"]) == (8, 64, cb.DEFAULT_OVERLAP)
     # the default of that shape: mma.sync, 7 warps
