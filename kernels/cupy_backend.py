@@ -262,6 +262,14 @@ DEFAULT_OVERLAP = 2
 # costs more than it saves (B=1 ctx 2k 18.4 / 19.2, 8k 26.9 / 28.3; results/perf-notes.md,
 # "Context tiles by TMA").
 TMA_MIN_BATCH = 8
+# ... and below it from this planned context up, where a split streams many tiles: B=1 ctx 128k
+# took 139.8-140.5 us a layer by TMA against 149.2-150.5 by cp.async (main preset, pages 16-128
+# and the arena; gpt-oss 83.0-84.7 against 90.0-95.1; the sm90 profile, profiles/README.md).
+TMA_MIN_CTX = 131072
+# ... except at pages below this with head_dim 64, where a tile is 2 KB boxes of half the bytes:
+# gpt-oss-20b-dflash at page 16 ran 16-28% slower with TMA at every batch of the sm90 profile
+# (main preset at page 16: 0.95x the cp.async time from batch 8 up; profiles/README.md).
+TMA_MIN_PAGE_D64 = 32
 # CTAs of more than 8 warps: Q in shared memory, 16-key tiles in 6 stages (mma.sync; every SM but
 # SM 90, which pads them to warpgroups: PADDED_WGMMA).
 MANY_WARPS = dict(tile_n=16, stages=6, q_smem=True)
@@ -361,10 +369,14 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     if (overlap_reason(pipelined, g.head_dim, warps, target) is None
             and wgmma_fits(g.head_dim, padded_warps(warps), params.tile_n)
             and pipelined.smem_bytes(g.head_dim, warps, True, problem.page_size) <= budget):
-        # and, from TMA_MIN_BATCH requests up, its context tiles by TMA (where nothing asked
-        # for or excludes it: `tma` named, Q in shared memory)
+        # and, from TMA_MIN_BATCH requests or a TMA_MIN_CTX context up, its context tiles by
+        # TMA (where nothing asked for or excludes it: `tma` named, Q in shared memory; not
+        # head_dim 64 at small pages)
         loaded = dataclasses.replace(pipelined, tma=True)
-        if ("tma" not in overrides and problem.batch >= TMA_MIN_BATCH
+        small_pages = problem.page_size is not None and problem.page_size < TMA_MIN_PAGE_D64
+        if ("tma" not in overrides
+                and (problem.batch >= TMA_MIN_BATCH or problem.ctx_len >= TMA_MIN_CTX)
+                and not (small_pages and g.head_dim < 128)
                 and tma_reason(loaded, g.head_dim, warps, target) is None
                 and loaded.smem_bytes(g.head_dim, warps, True, problem.page_size) <= budget):
             return loaded
@@ -932,8 +944,9 @@ class CupyBackend:
 
     # planning ------------------------------------------------------------------------------
     def _params(self, dims, device: torch.device):
-        """The parameters of a call on `device`: the overrides over that GPU's SM defaults."""
-        problem = Problem.from_dims(dims, 0)
+        """The parameters of a call on `device`: the overrides over that GPU's SM defaults, for
+        the context it plans for (the capacity, or the caller's max_ctx hint)."""
+        problem = Problem.from_dims(dims, dims.plan_ctx)
         sm = device_info(_index(device))[1]
         params = self.params_for(problem, sm)
         reason = self.family.supports(problem, params, sm)

@@ -111,12 +111,21 @@ def test_default_takes_tma_from_batch_8_on_the_pipelined_path_only():
         assert not cupy.params_for(_problem(layout, page, batch=below), 90).tma
         assert cupy.params_for(_problem(layout, page, batch=at), 90).tma
     # not where something excludes it or names it, nor off SM 90, nor on laguna's padded path
+    # below batch 8 from a 128k context up
+    assert not cupy.params_for(_problem(batch=1, ctx=cb.TMA_MIN_CTX // 2), 90).tma
+    assert cupy.params_for(_problem(batch=1, ctx=cb.TMA_MIN_CTX), 90).tma
     assert not cupy.with_params(q_smem=True).params_for(_problem(batch=32), 90).tma
     assert not cupy.with_params(overlap=0).params_for(_problem(batch=32), 90).tma
     assert not cupy.with_params(tma=False).params_for(_problem(batch=32), 90).tma
     assert cupy.with_params(tma=True).params_for(_problem(batch=1), 90).tma
     assert not cupy.params_for(_problem(batch=32), 100).tma
     assert not cupy.params_for(_problem(geom=PRESETS["laguna-dflash"], batch=32), 90).tma
+    # head_dim 64 below page 32 keeps cp.async (gpt-oss at page 16 ran 16-28% slower by TMA)
+    oss = PRESETS["gpt-oss-20b-dflash"]
+    assert oss.head_dim == 64
+    assert not cupy.params_for(_problem(page=16, geom=oss, batch=32), 90).tma
+    assert cupy.params_for(_problem(page=32, geom=oss, batch=32), 90).tma
+    assert cupy.params_for(_problem("arena", geom=oss, batch=32), 90).tma
     for sm in (90, 100, None):  # every default it picks, it runs
         assert cupy.supports(_problem(batch=32), sm) is None
 
