@@ -237,7 +237,10 @@ def test_shipped_sm90_table_is_the_export_of_its_database_for_todays_sources():
 
     folder = shipped.shipped_dir()
     shipped_table = json.loads((folder / "sm90.json").read_text())
-    fresh = export.export_table(folder / "sm90.db", [90], resolve_commits=False)
+    # as profiles/README.md exports it (`--current-sources`): rows `tuner rekey` left stale and
+    # that were measured again stay in the database for the record, but are no candidates
+    fresh = export.export_table(folder / "sm90.db", [90], resolve_commits=False,
+                                sources_hash=nvrtc.sources_digest())
     d = export.diff_tables(shipped_table, fresh, threshold=0.0)
     assert d["common"] == len(shipped_table["entries"]) > 0
     assert (d["flips"], d["slowdowns"], d["speedups"], d["only_a"], d["only_b"]) == ([],) * 5
