@@ -13,7 +13,7 @@
 #   sweeps.log    both sweeps' output, seconds per run, rows and measuring seconds per status
 #
 # The default spec: 36 keys, 243 candidates (207 before the TMA sets); about 3 minutes a run on one H200 (the kernels are
-# precompiled in parallel first), 5-6 minutes in all. Each sweep is capped at $SWEEP_S seconds
+# precompiled in parallel first), 6-7 minutes in all. Each sweep is capped at $SWEEP_S seconds
 # (default 255) by SIGINT, which keeps every finished row, so the script ends within 10 minutes;
 # a capped second run is compared over the keys both runs reached (the report says how many).
 set -uo pipefail
