@@ -97,8 +97,13 @@ def _sweep_in_process(cluster, cands, path, **kw):
 
 def _driver(cluster, path, ctx_lens, **kw) -> subprocess.Popen:
     """A sweep driver in a process of its own (to run two at once, or to kill)."""
+    # The driver takes Ctrl-C as a shell-started one does: SIGINT unblocked and raising
+    # KeyboardInterrupt, whatever disposition the test process would hand down (in full CI runs
+    # only, a driver started from pytest did not act on SIGINT at all).
     script = textwrap.dedent(f"""
-        import sys
+        import signal, sys
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from test_tuner_sweep import _candidates
         from drafter_attn.tuner.ray_sweep import run_ray_sweep
         out = run_ray_sweep(_candidates({list(ctx_lens)}), {str(path)!r}, address={cluster.address!r},
