@@ -1057,8 +1057,8 @@ def _tma_maps(k_cache: torch.Tensor, v_cache: torch.Tensor, page_size: int | Non
 
     geos = []
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-        stride0 = cache.stride(0) if cache.shape[0] > 1 else cache[0].numel()
-        geo = tma.geometry(tuple(cache.shape), stride0, page_size, tile_n, cache.element_size())
+        geo = tma.geometry(tuple(cache.shape), _outer_stride(cache), page_size, tile_n,
+                           cache.element_size())
         reason = tma.check(geo, cache.data_ptr())
         if reason:
             raise ValueError(f"{name}: tma=1 cannot map it: {reason}")
@@ -1075,13 +1075,19 @@ def _check_kernel_inputs(ref: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             raise ValueError(f"{name}: data_ptr {t.data_ptr():#x} is not 16-byte aligned")
 
 
+def _outer_stride(cache: torch.Tensor) -> int:
+    """Elements from one page (slot) of `cache` to the next; a cache of one page has no stride
+    of its own (torch reports any), so one packed page."""
+    return cache.stride(0) if cache.shape[0] > 1 else cache[0].numel()
+
+
 def loc_stride(cache: torch.Tensor, page_size: int | None) -> int:
     """The cache's page (slot) stride in the kernels' unit (params.cuh, `loc_stride`): whole
     packed pages of Hkv * page * D elements for pages [., Hkv, page, D] (1 when packed, 2 for
     TensorRT-LLM's K/V pool views), token rows of Hkv * D for an arena [., max_ctx, Hkv, D].
     The contract already checked that each page or slot is packed."""
     unit = cache[0].numel() if page_size else cache.shape[2] * cache.shape[3]
-    stride = cache.stride(0) if cache.shape[0] > 1 else cache[0].numel()
+    stride = _outer_stride(cache)
     if stride % unit or stride // unit * cache.shape[0] >= 2**31:
         what = "one packed page" if page_size else "num_kv_heads * head_dim"
         raise ValueError(f"k/v cache stride {stride} must be a multiple of {what} = {unit} "
