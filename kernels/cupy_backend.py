@@ -69,7 +69,7 @@ class Params:
     overlap: int = 0  # 0 off; 1, 2: next tile's S = QK^T under this tile's softmax (sm_90a wgmma;
     # default_params turns it on wherever that path runs)
     tma: bool = False  # pipelined wgmma path only: context tiles by TMA bulk tensor copies, issued
-    # by one thread, landing on shared-memory barriers (kernels/tma.py; `tma_reason`)
+    # by lane 0 of up to every warp, landing on shared-memory barriers (kernels/tma.py; `tma_reason`)
 
     def smem_bytes(self, head_dim: int, warps: int, wgmma: bool = False,
                    page_size: int | None = None) -> int:
@@ -81,7 +81,7 @@ class Params:
         return (smem_bytes(self.tile_n, self.stages, head_dim, q_warps, wgmma, self.overlap)
                 + id_ring_bytes(self.tile_n, self.stages, head_dim, cta_warps, page_size,
                                 wgmma and bool(self.overlap) and not self.tma)
-                + (tma_bytes(self.stages) if self.tma else 0))
+                + (tma_bytes(self.stages, cta_warps) if self.tma else 0))
 
 
 def smem_bytes(tile_n: int, stages: int, head_dim: int, q_warps: int = 0,
@@ -109,10 +109,11 @@ def id_ring_bytes(tile_n: int, stages: int, head_dim: int, warps: int, page_size
     return (stages + 1) * warps * pg * 4
 
 
-def tma_bytes(stages: int) -> int:
-    """Shared memory of the TMA path beside the stages: one 8-byte barrier per stage and two
-    chunks of 32 page ids (drafter_attention.cu, TMA_LOADS)."""
-    return stages * 8 + 2 * 32 * 4
+def tma_bytes(stages: int, warps: int) -> int:
+    """Shared memory of the TMA path beside the stages: one 8-byte barrier per stage and, for
+    each warp that issues copies (at most `warps`), two chunks of 16 page ids
+    (drafter_attention.cu, TMA_LOADS: ISSUERS, IDS)."""
+    return stages * 8 + warps * 2 * 16 * 4
 
 
 def num_warps(block_size: int, group: int, wgmma: bool = False) -> int:
@@ -571,7 +572,7 @@ def _load(index: int, defines_items: tuple) -> Module:
                           bool(defines["WGMMA"] and defines.get("OVERLAP", 0)
                                and not defines.get("TMA_LOADS", 0)))
     if defines.get("TMA_LOADS", 0):
-        smem += tma_bytes(defines["STAGES"])
+        smem += tma_bytes(defines["STAGES"], defines["NUM_WARPS"])
     return load_cubin(index, result.cubin_path, smem, defines["NUM_WARPS"] * 32)
 
 

@@ -91,10 +91,13 @@ def test_shared_memory_counts_barriers_and_page_ids_not_the_ring():
     p = cb.Params(overlap=2, tma=True)
     plain = cb.Params(overlap=2)
     # page 16: the cp.async path's page-id ring is replaced by the barriers and two id chunks
+    # for each issuing warp
     assert (p.smem_bytes(128, 4, True, 16)
             == plain.smem_bytes(128, 4, True, 16)
-            - cb.id_ring_bytes(64, 3, 128, 4, 16, True) + cb.tma_bytes(3))
-    assert p.smem_bytes(128, 4, True, None) == plain.smem_bytes(128, 4, True, None) + 3 * 8 + 256
+            - cb.id_ring_bytes(64, 3, 128, 4, 16, True) + cb.tma_bytes(3, 4))
+    assert p.smem_bytes(128, 4, True, None) == plain.smem_bytes(128, 4, True, None) + 3 * 8 + 512
+    # the main preset's TMA variant keeps two CTAs an SM (228 KB, 1 KB reserved a CTA)
+    assert 2 * (p.smem_bytes(128, 4, True, 16) + 1024) <= cb.SMEM_PER_SM
 
 
 def test_variant_defines_name_tma_only_when_on():

@@ -11,9 +11,9 @@
 // 16-row warp; K/V stages then use the no-swizzle core-matrix layout instead of padded rows),
 // OVERLAP (with WGMMA only: software-pipelined tiles, S(v+1) = Q K(v+1)^T on the tensor cores
 // while tile v's softmax runs; K and V in separate stage rings; see the #if OVERLAP block),
-// TMA_LOADS (with OVERLAP only: one thread loads each context tile with bulk tensor copies that land
-// already swizzled and complete on a shared-memory barrier, instead of every thread's cp.async;
-// see the #if TMA_LOADS blocks).
+// TMA_LOADS (with OVERLAP only: lane 0 of each warp issues a share of each context tile's bulk
+// tensor copies, which land already swizzled and complete on a shared-memory barrier, instead
+// of every thread's cp.async; see the #if TMA_LOADS blocks).
 //
 // One CTA = one (request b, KV head, KV split). Its Qb*G query rows (all query heads sharing the KV
 // head, for every block position) form one M-tile, so each K/V byte is read once per split and
@@ -145,6 +145,18 @@ constexpr int BOX_ROWS = (PAGE_SIZE > 0 && PAGE_SIZE < N) ? PAGE_SIZE : N;
 constexpr int BOXES = N / BOX_ROWS;
 constexpr unsigned TILE_BYTES = 2u * N * D * sizeof(elem_t);
 static_assert(OVERLAP && !Q_SMEM, "TMA feeds the pipelined wgmma path with Q in registers");
+// A tile's COPIES box copies (K and V, each 64-column half, each box) are spread over ISSUERS
+// warps, lane 0 of warp w issuing copies w, w + ISSUERS, ...: one warp per SM sub-partition,
+// so no one math warp spends a tile's worth of issue slots (16 copies at page 16, 32 at page 8)
+// while its warpgroup waits for it at the next wgmma. Each issuing warp arrives on the stage's
+// barrier with the bytes of its own copies (barriers count ISSUERS arrivals).
+constexpr int COPIES = BOXES * 2 * (D / 64);
+constexpr int ISSUERS = NUM_WARPS < COPIES ? NUM_WARPS : COPIES;
+static_assert(COPIES % ISSUERS == 0, "every issuing warp takes the same number of copies");
+// page ids travel in chunks of IDS per issuing warp; a tile's pages never straddle two chunks
+constexpr int IDS = 16;
+static_assert(PAGE_SIZE == 0 || PAGE_SIZE >= N || (BOXES <= IDS && IDS % BOXES == 0),
+              "a tile's pages fit one page-id chunk");
 #endif
 #else
 constexpr int TILE_ELEMS = N * ROW_STRIDE;
@@ -369,33 +381,38 @@ __device__ __forceinline__ void attention_body(
   auto reg_fence = [](float& x) { asm volatile("" : "+f"(x)::"memory"); };
 
 #if TMA_LOADS
-  // ---- TMA_LOADS: warp 0 loads the context tiles, lane 0 issuing the copies; tile t completes on
-  // barrier t % STAGES (phase t / STAGES), armed when its loads are issued: at iteration
-  // t - STAGES, after the barrier at which every thread has passed its wait for tile t - STAGES.
-  // The block's own tile (last) still goes by cp.async, with a cp.async.wait_group before use.
+  // ---- TMA_LOADS: lane 0 of each of the first ISSUERS warps issues its share of a context
+  // tile's copies; tile t completes on barrier t % STAGES (phase t / STAGES), armed when its
+  // loads are issued: at iteration t - STAGES, after the barrier at which every thread has
+  // passed its wait for tile t - STAGES. The block's own tile (last) still goes by cp.async,
+  // with a cp.async.wait_group before use.
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(sIds);
+  const bool issuer = !SKIP_LOADS && warp < ISSUERS && n_ctx_here > 0;
   if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) mbar_init(bars + s, ISSUERS);
+    mbar_init_fence();
+  }
+  if (issuer && lane == 0) {
     tma_prefetch_map(tma_k);
     tma_prefetch_map(tma_v);
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) mbar_init(bars + s, 1);
-    mbar_init_fence();
   }
   __syncthreads();
 #if PAGE_SIZE > 0
-  // Page ids, 32 at a time, through shared memory: lane L of warp 0 cp.asyncs the id of the
-  // split's page 32 c + L of chunk c into buffer c % 2, one chunk ahead of its use. (An id
-  // loaded into a register in the loop made ptxas wait for it at the next wgmma fence: a table
-  // round trip per chunk.) Pages at or past P are never read from the table: their boxes get
-  // page -1, out of bounds, zero-filled.
-  int* sPid = reinterpret_cast<int*>(bars + STAGES);  // [2][32]
+  // Page ids, IDS at a time, through shared memory: lane L < IDS of each issuing warp cp.asyncs
+  // the id of the split's page IDS c + L of chunk c into its own buffer c % 2, one chunk ahead
+  // of its use. (An id loaded into a register in the loop made ptxas wait for it at the next
+  // wgmma fence: a table round trip per chunk.) Pages at or past P are never read from the
+  // table: their boxes get page -1, out of bounds, zero-filled.
+  int* sPid = reinterpret_cast<int*>(bars + STAGES) + warp * 2 * IDS;  // [ISSUERS][2][IDS]
   const int pbase = t0 * N / PAGE_SIZE, p_end = (P + PAGE_SIZE - 1) / PAGE_SIZE;
   auto fetch_chunk = [&](int c) {
-    const int pidx = pbase + 32 * c + lane;
-    cp_async_4(sPid + (c & 1) * 32 + lane, trow + (pidx < p_end ? pidx : 0), pidx < p_end);
+    const int pidx = pbase + IDS * c + lane;
+    if (lane < IDS)
+      cp_async_4(sPid + (c & 1) * IDS + lane, trow + (pidx < p_end ? pidx : 0), pidx < p_end);
   };
   int chunk = 0;
-  if (warp == 0 && !SKIP_LOADS && n_ctx_here > 0) {
+  if (issuer) {
     fetch_chunk(0);
     fetch_chunk(1);
     cp_async_commit();
@@ -403,39 +420,40 @@ __device__ __forceinline__ void attention_body(
     __syncwarp();
   }
 #else
-  const int slot = warp == 0 && !SKIP_LOADS && n_ctx_here > 0 ? trow[0] : 0;
+  const int slot = issuer ? trow[0] : 0;
 #endif
   auto issue_tma = [&](int t, int kstage, int vstage) {
-    if (SKIP_LOADS || warp != 0) return;
+    if (!issuer) return;
     unsigned long long* bar = bars + t % STAGES;
-    elem_t* dK = sK + kstage * TILE_ELEMS;
-    elem_t* dV = sV + vstage * TILE_ELEMS;
-    if (lane == 0) mbar_arrive_expect_tx(bar, TILE_BYTES);
-#pragma unroll
-    for (int j = 0; j < BOXES; ++j) {
-      const int kb = (t0 + t) * N + j * BOX_ROWS;
+    const int kt = (t0 + t) * N;  // the tile's first key
 #if PAGE_SIZE > 0
-      // a box's page: at most one chunk further than the last box's. Entering chunk c: its
-      // ids (fetched on entering c - 1) have landed; chunk c + 1 goes into c - 1's buffer.
-      const int rel = kb / PAGE_SIZE - pbase;
-      if (rel >= 32 * (chunk + 1)) {
-        ++chunk;
-        cp_async_wait<0>();
-        __syncwarp();
-        fetch_chunk(chunk + 1);
-        cp_async_commit();
-      }
-      const int c1 = kb % PAGE_SIZE, c2 = kvh, c3 = kb < P ? sPid[(chunk & 1) * 32 + (rel & 31)] : -1;
+    // Entering chunk c (the tile's first page in it): its ids (fetched on entering c - 1)
+    // have landed; chunk c + 1 goes into c - 1's buffer.
+    if (kt / PAGE_SIZE - pbase >= IDS * (chunk + 1)) {
+      ++chunk;
+      cp_async_wait<0>();
+      __syncwarp();
+      fetch_chunk(chunk + 1);
+      cp_async_commit();
+    }
+#endif
+    if (lane != 0) return;
+    mbar_arrive_expect_tx(bar, TILE_BYTES / ISSUERS);
+#pragma unroll
+    for (int k = 0; k < COPIES / ISSUERS; ++k) {
+      // copy i: box j, 64-column half h, K or V
+      const int i = warp + k * ISSUERS, j = i % BOXES, h = (i / BOXES) >> 1;
+      const bool is_v = (i / BOXES) & 1;
+      const int kb = kt + j * BOX_ROWS;
+#if PAGE_SIZE > 0
+      const int c1 = kb % PAGE_SIZE, c2 = kvh;
+      const int c3 = kb < P ? sPid[(chunk & 1) * IDS + (kb / PAGE_SIZE - pbase) % IDS] : -1;
 #else
       const int c1 = kvh, c2 = kb, c3 = slot;  // arena map: {d, head, token, slot}
 #endif
-      if (lane == 0) {
-#pragma unroll
-        for (int h = 0; h < D / 64; ++h) {
-          tma_load_4d(dK + h * HALF_ELEMS + j * BOX_ROWS * 64, tma_k, bar, h * 64, c1, c2, c3);
-          tma_load_4d(dV + h * HALF_ELEMS + j * BOX_ROWS * 64, tma_v, bar, h * 64, c1, c2, c3);
-        }
-      }
+      elem_t* dst = (is_v ? sV + vstage * TILE_ELEMS : sK + kstage * TILE_ELEMS) + h * HALF_ELEMS +
+                    j * BOX_ROWS * 64;
+      tma_load_4d(dst, is_v ? tma_v : tma_k, bar, h * 64, c1, c2, c3);
     }
   };
   int no_ids[PGR] = {};
