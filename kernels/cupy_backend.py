@@ -267,9 +267,11 @@ TMA_MIN_BATCH = 8
 # took 139.8-140.5 us a layer by TMA against 149.2-150.5 by cp.async (main preset, pages 16-128
 # and the arena; gpt-oss 83.0-84.7 against 90.0-95.1; the sm90 profile, profiles/README.md).
 TMA_MIN_CTX = 131072
-# ... except at pages below this with head_dim 64, where a tile is 2 KB boxes of half the bytes:
-# gpt-oss-20b-dflash at page 16 ran 16-28% slower with TMA at every batch of the sm90 profile
-# (main preset at page 16: 0.95x the cp.async time from batch 8 up; profiles/README.md).
+# ... except at pages below TMA_MIN_PAGE, where a tile is 32 boxes of 1 KB (main preset, page 8:
+# 1.05-1.38x the arena by TMA, 1.02-1.05x by cp.async), and below TMA_MIN_PAGE_D64 with head_dim
+# 64 (gpt-oss-20b-dflash at page 16: 1.01-1.04x the cp.async time by TMA from batch 8 up, once a
+# tile's copies were dealt over the warps; 1.16-1.28x before; profiles/README.md).
+TMA_MIN_PAGE = 16
 TMA_MIN_PAGE_D64 = 32
 # CTAs of more than 8 warps: Q in shared memory, 16-key tiles in 6 stages (mma.sync; every SM but
 # SM 90, which pads them to warpgroups: PADDED_WGMMA).
@@ -372,12 +374,12 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
             and pipelined.smem_bytes(g.head_dim, warps, True, problem.page_size) <= budget):
         # and, from TMA_MIN_BATCH requests or a TMA_MIN_CTX context up, its context tiles by
         # TMA (where nothing asked for or excludes it: `tma` named, Q in shared memory; not
-        # head_dim 64 at small pages)
+        # at the smallest pages)
         loaded = dataclasses.replace(pipelined, tma=True)
-        small_pages = problem.page_size is not None and problem.page_size < TMA_MIN_PAGE_D64
+        min_page = TMA_MIN_PAGE if g.head_dim >= 128 else TMA_MIN_PAGE_D64
         if ("tma" not in overrides
                 and (problem.batch >= TMA_MIN_BATCH or problem.ctx_len >= TMA_MIN_CTX)
-                and not (small_pages and g.head_dim < 128)
+                and (problem.page_size is None or problem.page_size >= min_page)
                 and tma_reason(loaded, g.head_dim, warps, target) is None
                 and loaded.smem_bytes(g.head_dim, warps, True, problem.page_size) <= budget):
             return loaded
