@@ -50,12 +50,16 @@ def load(db_path, sm: int | None = None, preset: str | None = None) -> pd.DataFr
         where = f" for SM {sm}" if sm is not None else ""
         raise BenchError(f"bench report: no measured (ok) results{where} in {db_path}; run "
                          f"`bench decode` on a GPU{where and f' of SM {sm}'} first")
-    # newest last; rows stamped in the same millisecond keep their insert order
-    df = df.sort_values(["created_at", "row_order"]).drop_duplicates(["env_id", "candidate_key"],
+    # newest last; rows stamped in the same millisecond keep their insert order. A candidate
+    # measured again on the same GPU model under another environment (new kernel sources after
+    # `tuner rekey`, a new driver) is its newest measurement: the older rows stay in the
+    # database for the record, but one row per candidate and GPU enters the report.
+    gpu = ["sm", "gpu_name"]
+    df = df.sort_values(["created_at", "row_order"]).drop_duplicates([*gpu, "candidate_key"],
                                                                      keep="last")
     # several parameter sets of one implementation (a tuning sweep, the shipped profiles): its
     # fastest stands for it, so paged and arena are compared one row each
-    same = ["env_id", "impl", *GEOM_COLS, "layout", "page_size", "accepted", "batch", "ctx_len"]
+    same = [*gpu, "impl", *GEOM_COLS, "layout", "page_size", "accepted", "batch", "ctx_len"]
     df = (df.sort_values(["median_us", "row_order"], na_position="last")
           .drop_duplicates(same, keep="first").sort_values("row_order"))
     df["window"] = df["window"].astype("Int64")

@@ -442,6 +442,25 @@ def test_report_of_a_tuning_sweep_compares_each_impls_fastest_set(tmp_path):
     assert "| decode | cupy | 64 | -10 |" in md  # paged's 90 over arena's 100
 
 
+def test_report_takes_a_candidates_newest_row_across_environments(tmp_path):
+    """Kernel sources changed and some candidates were measured again (a new environment): each
+    candidate enters the report once, as its newest measurement, so paged over arena compares
+    one row each (two arena rows of one problem once made the report fail)."""
+    from profile_fakes import H200, build_db
+
+    def rows(arena_us):
+        return [dict(layout="paged", page=64, batch=8, ctx=2048, params={"tile_n": 64}, median_us=90.0),
+                dict(layout="arena", page=None, batch=8, ctx=2048, params={"tile_n": 64},
+                     median_us=arena_us)]
+
+    db, rep = tmp_path / "p.db", tmp_path / "rep"
+    build_db(db, {"old": (H200, rows(80.0)), "new": ({**H200, "sources_hash": "src-b"}, rows(100.0))})
+    assert cli.main(["report", "--db", str(db), "--out", str(rep)]) == 0
+    md = (rep / "report.md").read_text()
+    assert "2 measured rows" in md
+    assert "| decode | cupy | 64 | -10 |" in md  # the newer arena row (100), not the older (80)
+
+
 def test_report_of_the_shipped_profile(tmp_path):
     from drafter_attn.kernels.shipped import find_default
 
