@@ -5,7 +5,7 @@
 # the default, 2 interleaved rounds.
 #   OUT=/some/dir bash scripts/gpu_pdl.sh
 set -uo pipefail
-source scripts/gpu_env.sh
+source "$(dirname "$0")/gpu_env.sh"
 IM="cupy;cupy:pdl=1"
 timeout 90 python3 scripts/precompile_gpu_matrix.py cupy:pdl=1 --table "$IM" --page 64 > $OUT/precompile.log 2>&1
 tail -n 1 $OUT/precompile.log
