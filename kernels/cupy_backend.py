@@ -70,8 +70,6 @@ class Params:
     # default_params turns it on wherever that path runs)
     tma: bool = False  # pipelined wgmma path only: context tiles by TMA bulk tensor copies, issued
     # by lane 0 of up to every warp, landing on shared-memory barriers (kernels/tma.py; `tma_reason`)
-    pdl: bool = False  # SM 90+: the split combine launched as the attention's programmatic
-    # dependent (griddepcontrol), so its launch overlaps the attention kernel (`pdl_reason`)
 
     def smem_bytes(self, head_dim: int, warps: int, wgmma: bool = False,
                    page_size: int | None = None) -> int:
@@ -201,13 +199,6 @@ def overlap_reason(params: Params, head_dim: int, warps: int,
         return (f"overlap={params.overlap} needs the sm_90a wgmma path, which this shape does not "
                 f"take ({warps} warps, head_dim {head_dim}, tile_n {params.tile_n}: it needs whole "
                 f"warpgroups, tile_n 32/64/128 and whole-warp tile loads)")
-    return None
-
-
-def pdl_reason(params: Params, sm: int | None = None) -> str | None:
-    """Why `params.pdl` cannot apply (None when it can, or is off): griddepcontrol is SM 90's."""
-    if params.pdl and sm is not None and sm < 90:
-        return f"pdl=1 needs programmatic dependent launch (SM 90 and newer), not SM {sm}"
     return None
 
 
@@ -443,8 +434,7 @@ def supports(problem: Problem, params: Params | None = None, sm: int | None = No
                                                  problem.page_size), sm)
     if reason:
         return f"tile_n={params.tile_n} stages={params.stages} {reason}"
-    return (overlap_reason(params, g.head_dim, warps, sm) or tma_reason(params, g.head_dim, warps, sm)
-            or pdl_reason(params, sm))
+    return overlap_reason(params, g.head_dim, warps, sm) or tma_reason(params, g.head_dim, warps, sm)
 
 
 def tunables(problem: Problem | None = None) -> dict[str, list]:
@@ -456,7 +446,6 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "wgmma": [None, False],
         "overlap": [0, 1, 2],
         "tma": [False, True],
-        "pdl": [False, True],
     }
 
 
@@ -497,11 +486,6 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         if reason:
             raise ValueError(reason)
         defines["TMA_LOADS"] = 1
-    if params.pdl:
-        reason = pdl_reason(params, sm)
-        if reason:
-            raise ValueError(reason)
-        defines["PDL"] = 1
     return defines
 
 
@@ -681,57 +665,16 @@ def _driver_launch():
     return fn
 
 
-class LaunchAttribute(ctypes.Structure):
-    """cuda.h's CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union."""
-
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
-
-
-class LaunchConfig(ctypes.Structure):
-    """cuda.h's CUlaunchConfig (the argument of cuLaunchKernelEx)."""
-
-    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
-                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(LaunchAttribute)),
-                ("num_attrs", ctypes.c_uint)]
-
-
-# CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: the launch may overlap the previous
-# kernel of its stream once that kernel lets it (griddepcontrol.launch_dependents)
-_PROGRAMMATIC_STREAM_SERIALIZATION = 6
-
-
-@functools.cache
-def _driver_launch_ex():
-    """libcuda's cuLaunchKernelEx through ctypes; None where libcuda cannot be loaded."""
-    try:
-        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    return fn
-
-
 class Launch:
     """One kernel launch with its arguments packed once: `args` (a ctypes struct) holds the
     kernel's parameters field by field. Per call only pointer fields change, then one
-    `cuLaunchKernel` on the given stream. `programmatic`: launched by cuLaunchKernelEx as the
-    programmatic dependent of the stream's previous kernel (the split combine of a `pdl=1`
-    plan; where libcuda cannot be loaded by name, an ordinary launch, which is as correct)."""
+    `cuLaunchKernel` on the given stream."""
 
-    def __init__(self, func, grid, block, smem, args: ctypes.Structure, programmatic: bool = False):
+    def __init__(self, func, grid, block, smem, args: ctypes.Structure):
         self.func, self.grid, self.block, self.smem, self.args = func, grid, block, smem, args
         base = ctypes.addressof(args)
         offsets = [getattr(type(args), f[0]).offset for f in args._fields_]
         self._ptrs = (ctypes.c_void_p * len(offsets))(*(base + o for o in offsets))
-        self._ex = _driver_launch_ex() if programmatic else None
-        if self._ex is not None:
-            self._attr = LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
-            ctypes.memmove(self._attr.value, ctypes.byref(ctypes.c_int(1)), 4)
-            self._config = LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block),
-                                        smem, None, ctypes.pointer(self._attr), 1)
-            self._func = ctypes.c_void_p(int(func))
-            self._params_ex = ctypes.c_void_p(ctypes.addressof(self._ptrs))
         raw = _driver_launch()
         if raw is not None:
             self._raw = raw
@@ -749,12 +692,6 @@ class Launch:
             self._tail = (ctypes.addressof(self._ptrs), 0)
 
     def __call__(self, stream: int) -> None:
-        if self._ex is not None:
-            self._config.stream = stream
-            err = self._ex(ctypes.byref(self._config), self._func, self._params_ex, None)
-            if err:
-                raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {err}")
-            return
         if self._raw is not None:
             err = self._raw(*self._head, stream, self._params, None)
             if err:
@@ -1066,8 +1003,7 @@ class CupyBackend:
             combine = Launch(mod.combine, (-(-total_rows // 4), 1, 1), (128, 1, 1), 0,
                              CombineArgs(batch=dims.batch, qb=dims.block_size,
                                          hq=dims.num_q_heads, hkv=dims.num_kv_heads,
-                                         group=dims.group, splits=splits),
-                             programmatic=getattr(p, "pdl", False))
+                                         group=dims.group, splits=splits))
         plan = AttentionPlan(index, splits, part_elems, lse_elems, attention, combine, maps)
         self._plans[key] = plan
         return plan

@@ -48,11 +48,6 @@ extern "C" __global__ void __launch_bounds__(128)
                     elem_t* __restrict__ out, int batch, int qb, int hq, int hkv,
                     int group, int num_splits) {
   using namespace drafter;
-#if defined(PDL) && PDL
-  // launched as the attention's programmatic dependent: its partials are complete and visible
-  // only after this wait (a no-op when launched without the attribute)
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
   constexpr int D = HEAD_DIM;
   constexpr int PER = D / 32;  // floats per lane: 4 (D 128) or 2 (D 64)
   static_assert(PER == 2 || PER == 4, "combine: head_dim 64 or 128");

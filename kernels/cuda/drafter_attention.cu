@@ -944,25 +944,15 @@ __device__ __forceinline__ void attention_body(
   }
 }
 
-// PDL: the split combine, launched as this grid's programmatic dependent, may launch as soon as
-// every CTA here has started (it waits in griddepcontrol.wait for this grid's completion and
-// memory), so its launch overlaps this kernel instead of following it.
-#if PDL
-#define DRAFTER_LET_DEPENDENTS_LAUNCH() asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory")
-#else
-#define DRAFTER_LET_DEPENDENTS_LAUNCH()
-#endif
 #if TMA_LOADS
 // The tensor maps of the K and V caches (kernels/tma.py), after the shared parameters.
 extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS)
     drafter_attention(DRAFTER_KERNEL_PARAMS, const __grid_constant__ TmaMap tma_k,
                       const __grid_constant__ TmaMap tma_v) {
-  DRAFTER_LET_DEPENDENTS_LAUNCH();
   attention_body(DRAFTER_BODY_ARGS, &tma_k, &tma_v);
 }
 #else
 extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS) drafter_attention(DRAFTER_KERNEL_PARAMS) {
-  DRAFTER_LET_DEPENDENTS_LAUNCH();
   attention_body(DRAFTER_BODY_ARGS);
 }
 #endif

@@ -28,9 +28,6 @@
 #ifndef OVERLAP
 #define OVERLAP 0  // drafter_attention.cu, wgmma path: 1 or 2 pipelines the tiles
 #endif
-#ifndef PDL
-#define PDL 0  // programmatic dependent launch of the split combine (sm_90+; cupy_backend `pdl`)
-#endif
 #ifndef TMA_LOADS
 #define TMA_LOADS 0  // drafter_attention.cu, pipelined wgmma path: context tiles by bulk tensor
 // copies (TMA; not `TMA`: CuTe has a namespace of that name)
