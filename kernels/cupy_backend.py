@@ -70,6 +70,8 @@ class Params:
     # default_params turns it on wherever that path runs)
     tma: bool = False  # pipelined wgmma path only: context tiles by TMA bulk tensor copies, issued
     # by lane 0 of up to every warp, landing on shared-memory barriers (kernels/tma.py; `tma_reason`)
+    combine: int = 1  # the split combine: 1 one warp a row, 2 a CTA of 4 warps a row with the
+    # splits dealt over its warps (kernels/cuda/combine_store.cuh, COMBINE_CTA)
 
     def smem_bytes(self, head_dim: int, warps: int, wgmma: bool = False,
                    page_size: int | None = None) -> int:
@@ -387,6 +389,12 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     return params
 
 
+def combine_ctas(rows: int, params) -> int:
+    """CTAs (of 128 threads) of the split combine over `rows` packed rows: one a row with
+    `combine=2`, else one a 4 rows (a warp a row). Families without the knob take the latter."""
+    return rows if getattr(params, "combine", 1) == 2 else -(-rows // 4)
+
+
 def problem_reason(problem: Problem, tile_n: int, head_dims=HEAD_DIMS,
                    page_sizes=PAGE_SIZES, max_rows: int = MAX_ROWS) -> str | None:
     """Checks every kernel family here shares: dtype, head_dim, rows per CTA, tile, page size."""
@@ -446,6 +454,7 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "wgmma": [None, False],
         "overlap": [0, 1, 2],
         "tma": [False, True],
+        "combine": [1, 2],
     }
 
 
@@ -486,6 +495,8 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         if reason:
             raise ValueError(reason)
         defines["TMA_LOADS"] = 1
+    if params.combine == 2:
+        defines["COMBINE_CTA"] = 1
     return defines
 
 
@@ -1000,7 +1011,7 @@ class CupyBackend:
         combine = None
         if splits > 1:
             total_rows = dims.batch * dims.num_kv_heads * rows
-            combine = Launch(mod.combine, (-(-total_rows // 4), 1, 1), (128, 1, 1), 0,
+            combine = Launch(mod.combine, (combine_ctas(total_rows, p), 1, 1), (128, 1, 1), 0,
                              CombineArgs(batch=dims.batch, qb=dims.block_size,
                                          hq=dims.num_q_heads, hkv=dims.num_kv_heads,
                                          group=dims.group, splits=splits))

@@ -264,6 +264,7 @@ PARAM_RANGES = {
     "stages": (2, 8, False),
     "num_splits": (0, 128, False),
     "min_ctas": (1, 32, False),
+    "combine": (1, 2, False),
 }
 _TYPE_NAMES = {"int": int, "bool": bool, "None": type(None)}
 

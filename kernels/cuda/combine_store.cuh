@@ -37,8 +37,78 @@ template <> struct VecOf<4> { using type = float4; };
 
 }  // namespace drafter
 
+#ifndef COMBINE_CTA
+#define COMBINE_CTA 0  // 1: the combine below takes a CTA of 4 warps a row (cupy_backend `combine=2`)
+#endif
+
 // Merge the splits of drafter_attention: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max).
-// One warp per packed row (b, kvh, r); partial layout [split][b][kvh][r][D], lse [split][b][kvh][r].
+// Partial layout [split][b][kvh][r][D], lse [split][b][kvh][r].
+#if COMBINE_CTA
+// One CTA of 4 warps per packed row (b, kvh, r), the row's splits dealt over the warps (warp w
+// takes splits w, w + 4, ...), the 4 partial sums added in shared memory. The one-warp-a-row
+// version below runs a B=1 call's 512 rows as 4 warps an SM, each walking all 33 splits: 6.8 us
+// of a 26.5 us layer (H200, ncu, L2 warm; results/perf-notes.md).
+extern "C" __global__ void __launch_bounds__(128)
+    drafter_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part,
+                    elem_t* __restrict__ out, int batch, int qb, int hq, int hkv,
+                    int group, int num_splits) {
+  using namespace drafter;
+  constexpr int D = HEAD_DIM;
+  constexpr int PER = D / 32;  // floats per lane: 4 (D 128) or 2 (D 64)
+  constexpr int WARPS = 4;
+  static_assert(PER == 2 || PER == 4, "combine: head_dim 64 or 128");
+  using vec_t = typename VecOf<PER>::type;
+  __shared__ float s_acc[WARPS - 1][D];
+  __shared__ float s_wsum[WARPS - 1];
+  const int M = qb * group;
+  const long long rows = static_cast<long long>(batch) * hkv * M;
+  const long long row = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // every warp finds the row's largest lse itself (the lanes read the splits side by side)
+  float lmax = -INFINITY;
+  for (int s = lane; s < num_splits; s += 32) lmax = fmaxf(lmax, lse_part[s * rows + row]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) lmax = fmaxf(lmax, __shfl_xor_sync(0xffffffff, lmax, o));
+  float acc[PER];
+#pragma unroll
+  for (int e = 0; e < PER; ++e) acc[e] = 0.f;
+  float wsum = 0.f;
+  if (lmax != -INFINITY) {  // block-uniform; a row no split saw stays zero
+#pragma unroll 4
+    for (int s = warp; s < num_splits; s += WARPS) {
+      const float w = fast_exp2(lse_part[s * rows + row] - lmax);
+      union { vec_t v; float f[PER]; } x;
+      x.v = *reinterpret_cast<const vec_t*>(o_part + (s * rows + row) * D + lane * PER);
+      wsum += w;
+#pragma unroll
+      for (int e = 0; e < PER; ++e) acc[e] += w * x.f[e];
+    }
+  }
+  if (warp > 0) {
+#pragma unroll
+    for (int e = 0; e < PER; ++e) s_acc[warp - 1][lane * PER + e] = acc[e];
+    if (lane == 0) s_wsum[warp - 1] = wsum;
+  }
+  __syncthreads();
+  if (warp > 0) return;
+#pragma unroll
+  for (int w = 0; w < WARPS - 1; ++w) {
+    wsum += s_wsum[w];
+#pragma unroll
+    for (int e = 0; e < PER; ++e) acc[e] += s_acc[w][lane * PER + e];
+  }
+  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+  const int r = static_cast<int>(row % M);
+  const long long bk = row / M;
+  const int kvh = static_cast<int>(bk % hkv), b = static_cast<int>(bk / hkv);
+  elem_t* dst = out + ((static_cast<long long>(b) * qb + r / group) * hq + kvh * group + r % group) * D +
+                lane * PER;
+#pragma unroll
+  for (int e = 0; e < PER; e += 2)
+    *reinterpret_cast<unsigned*>(dst + e) = pack2(acc[e] * inv, acc[e + 1] * inv);
+}
+#else
+// One warp per packed row (b, kvh, r).
 // The lanes read the splits' lse values side by side (one round trip, not one per split), and the
 // accumulation loop is unrolled so that several splits' partial rows are in flight at once
 // (H200, ncu, B=1 ctx 8k, 33 splits: 12.8 -> 11.3 us with cold partials; about 1 us of a
@@ -87,6 +157,7 @@ extern "C" __global__ void __launch_bounds__(128)
   for (int e = 0; e < PER; e += 2)
     *reinterpret_cast<unsigned*>(dst + e) = pack2(acc[e] * inv, acc[e + 1] * inv);
 }
+#endif
 
 // Context store: rows j < num_new[b] of k_new/v_new [B, T, Hkv, D] go to positions P_b + j, then
 // ctx_lens[b] += num_new[b]. Grid (T, B). Every CTA of request b reads P_b before it arrives on
