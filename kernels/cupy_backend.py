@@ -71,7 +71,8 @@ class Params:
     tma: bool = False  # pipelined wgmma path only: context tiles by TMA bulk tensor copies, issued
     # by lane 0 of up to every warp, landing on shared-memory barriers (kernels/tma.py; `tma_reason`)
     combine: int = 1  # the split combine: 1 one warp a row, 2 a CTA of 4 warps a row with the
-    # splits dealt over its warps (kernels/cuda/combine_store.cuh, COMBINE_CTA)
+    # splits dealt over its warps (kernels/cuda/combine_store.cuh, COMBINE_CTA); default_params
+    # picks 2 up to COMBINE_CTA_MAX_ROWS packed rows a call
 
     def smem_bytes(self, head_dim: int, warps: int, wgmma: bool = False,
                    page_size: int | None = None) -> int:
@@ -340,6 +341,14 @@ def _padded_wgmma(problem: Problem, sm: int | None, overrides: dict) -> bool:
             and wgmma_reason(g.head_dim, warps, tile_n) is None)
 
 
+# The split combine a CTA a row (`combine=2`) up to this many packed query rows a call (batch x
+# Qb x query heads), a warp a row above. H200: at 512 rows (B=1 of the main preset, 16-33 splits)
+# a CTA a row took 1.5-2.1 us off a layer at ctx 2k-32k, where a warp a row runs 128 CTAs of 4
+# warps, latency-bound; at 4096 (B=8, 4 splits) it cost 1.4 us, a warp a row already filling
+# the GPU (results/perf-notes.md, "The split combine as a CTA a row"). Not measured in between.
+COMBINE_CTA_MAX_ROWS = 512
+
+
 def default_params(problem: Problem | None = None, sm: int | None = None,
                    **overrides) -> Params:
     """Fast-without-tuning defaults for a GPU of SM `sm` (None: SM 90's), chosen so no default
@@ -354,8 +363,13 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     the tiles (`overlap=DEFAULT_OVERLAP`) wherever the wgmma path runs and the extra V stage fits,
     unless the overrides name `overlap` or exclude that path (`wgmma=False`). CTAs of 9-12 warps
     on SM 90 (and elsewhere when `wgmma=True` is asked for) take `PADDED_WGMMA` instead (3
-    warpgroups: 32-key tiles in 8 stages, Q in registers, not pipelined)."""
+    warpgroups: 32-key tiles in 8 stages, Q in registers, not pipelined). The split combine runs
+    a CTA a row up to `COMBINE_CTA_MAX_ROWS` packed rows a call, a warp a row above."""
     many = MANY_WARPS
+    if problem is not None and "combine" not in overrides:
+        g = problem.geometry
+        rows = problem.batch * g.block_size * g.num_q_heads
+        overrides = {"combine": 2 if rows <= COMBINE_CTA_MAX_ROWS else 1, **overrides}
     if problem is not None and _padded_wgmma(problem, sm, overrides):
         many = PADDED_WGMMA  # 3 warpgroups
         overrides = {"wgmma": True, **overrides}

@@ -13,7 +13,7 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 if [ "${TESTS:-0}" = 1 ]; then
   timeout 150 python3 scripts/precompile_gpu_matrix.py cupy cupy:wgmma=0 cupy:overlap=1 cupy:overlap=2 \
-    cupy:tma=1 > /dev/null 2>&1
+    cupy:tma=1 cupy:combine=1 > /dev/null 2>&1
   timeout "${TESTS_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider --maxfail=20 -rf \
     -k "not cutlass" tests/ > "$OUT/gpu_tests.log" 2>&1
   grep -E "^[0-9]+ (passed|failed)|^FAILED|^ERROR| passed| failed" "$OUT/gpu_tests.log" | tail -n 25 \

@@ -1,9 +1,11 @@
-"""The split combine's two kernels (`combine=1`: a warp a row, the default; `combine=2`: a CTA
-of 4 warps a row, the splits dealt over its warps) on the CPU: what each compiles to, the launch
-grid, the knob's range. The GPU matrix (tests/test_backends_gpu.py, `cupy:combine=2`, forced
+"""The split combine's two kernels (`combine=1`: a warp a row; `combine=2`: a CTA of 4 warps a
+row, the splits dealt over its warps, the default up to COMBINE_CTA_MAX_ROWS packed rows) on the
+CPU: what each compiles to, the launch grid, the knob's range, the default rule. The GPU matrix (tests/test_backends_gpu.py, `cupy:combine=2`, forced
 splits included) checks the merged results against the reference."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -15,12 +17,12 @@ from drafter_attn.kernels.spec import Problem
 MAIN = PRESETS["qwen3-8b-dflash-b16"]
 
 
-def _params(spec, batch=1):
-    return registry.from_spec(spec).params_for(Problem(MAIN, "paged", 64, batch, 8192), 90)
+def _params(spec, batch=8, geometry=MAIN, sm=90):
+    return registry.from_spec(spec).params_for(Problem(geometry, "paged", 64, batch, 8192), sm)
 
 
-def test_combine_knob_is_named_only_when_not_the_default():
-    assert _params("cupy").combine == 1
+def test_combine_knob_is_named_only_when_two():
+    assert _params("cupy").combine == 1  # B=8: 4096 rows
     assert "COMBINE_CTA" not in cb.variant_defines("bfloat16", 128, 64, 16, 4, _params("cupy"), 90)
     on = cb.variant_defines("bfloat16", 128, 64, 16, 4, _params("cupy:combine=2"), 90)
     assert on["COMBINE_CTA"] == 1
@@ -31,9 +33,30 @@ def test_combine_knob_is_named_only_when_not_the_default():
 def test_combine_grid_is_a_cta_a_row_or_a_warp_a_row():
     # B=1, 8 KV heads, 64 rows each: 512 rows
     assert cb.combine_ctas(512, _params("cupy")) == 128
-    assert cb.combine_ctas(513, _params("cupy")) == 129
+    assert cb.combine_ctas(513, _params("cupy:combine=1")) == 129
     assert cb.combine_ctas(512, _params("cupy:combine=2")) == 512
     assert cb.combine_ctas(10, object()) == 3  # a family without the knob: a warp a row
+
+
+def test_the_cta_combine_is_the_default_up_to_512_rows_a_call():
+    # batch x Qb x query heads: B=1 of the main preset packs 1 x 16 x 32 = 512 rows (measured
+    # faster a CTA a row), B=8 4096 (measured slower); B=2 1024 (not measured: a warp a row)
+    assert cb.COMBINE_CTA_MAX_ROWS == 512
+    assert _params("cupy", batch=1).combine == 2
+    assert _params("cupy", batch=2).combine == 1
+    assert _params("cupy", batch=8).combine == 1
+    gpt_oss, laguna = PRESETS["gpt-oss-20b-dflash"], PRESETS["laguna-dflash"]
+    assert gpt_oss.block_size * gpt_oss.num_q_heads <= 512 < laguna.block_size * laguna.num_q_heads
+    assert _params("cupy", batch=1, geometry=gpt_oss).combine == 2
+    assert _params("cupy", batch=1, geometry=laguna).combine == 1
+    # the combine is the same kernel on every SM: the rule holds off SM 90 too
+    assert _params("cupy", batch=1, sm=100).combine == 2
+    # named parameters win over the rule, both ways
+    assert _params("cupy:combine=1", batch=1).combine == 1
+    assert _params("cupy:combine=2", batch=8).combine == 2
+    # the rule changes only the combine: the attention kernel's parameters are B=1's as before
+    rule, warp = _params("cupy", batch=1), _params("cupy:combine=1", batch=1)
+    assert dataclasses.replace(rule, combine=1) == warp
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
