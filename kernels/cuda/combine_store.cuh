@@ -35,6 +35,37 @@ template <int PER> struct VecOf;  // PER floats in one load
 template <> struct VecOf<2> { using type = float2; };
 template <> struct VecOf<4> { using type = float4; };
 
+// The split combine's per-row steps, shared by its two kernels below (layouts there); `rows` =
+// batch * hkv * Qb * G packed rows.
+
+// The largest lse of packed row `row` over its splits, in every lane of the calling warp: the
+// lanes read the splits side by side (one round trip, not one per split).
+__device__ __forceinline__ float row_lse_max(const float* __restrict__ lse_part, long long rows, long long row,
+                                             int num_splits, int lane) {
+  float lmax = -INFINITY;
+  for (int s = lane; s < num_splits; s += 32) lmax = fmaxf(lmax, lse_part[s * rows + row]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) lmax = fmaxf(lmax, __shfl_xor_sync(0xffffffff, lmax, o));
+  return lmax;
+}
+
+// acc / wsum (zero for a row no split saw) into this lane's PER columns of packed row
+// `row` = (b, kvh, r) of out [B, Qb, Hq, D].
+template <int PER>
+__device__ __forceinline__ void store_row(elem_t* __restrict__ out, const float (&acc)[PER], float wsum,
+                                          long long row, int M, int qb, int hq, int hkv,
+                                          int group, int lane) {
+  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+  const int r = static_cast<int>(row % M);
+  const long long bk = row / M;
+  const int kvh = static_cast<int>(bk % hkv), b = static_cast<int>(bk / hkv);
+  elem_t* dst = out + ((static_cast<long long>(b) * qb + r / group) * hq + kvh * group + r % group) * HEAD_DIM +
+                lane * PER;
+#pragma unroll
+  for (int e = 0; e < PER; e += 2)
+    *reinterpret_cast<unsigned*>(dst + e) = pack2(acc[e] * inv, acc[e + 1] * inv);
+}
+
 }  // namespace drafter
 
 #ifndef COMBINE_CTA
@@ -64,11 +95,7 @@ extern "C" __global__ void __launch_bounds__(128)
   const long long rows = static_cast<long long>(batch) * hkv * M;
   const long long row = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  // every warp finds the row's largest lse itself (the lanes read the splits side by side)
-  float lmax = -INFINITY;
-  for (int s = lane; s < num_splits; s += 32) lmax = fmaxf(lmax, lse_part[s * rows + row]);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) lmax = fmaxf(lmax, __shfl_xor_sync(0xffffffff, lmax, o));
+  const float lmax = row_lse_max(lse_part, rows, row, num_splits, lane);  // in every warp
   float acc[PER];
 #pragma unroll
   for (int e = 0; e < PER; ++e) acc[e] = 0.f;
@@ -97,22 +124,15 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int e = 0; e < PER; ++e) acc[e] += s_acc[w][lane * PER + e];
   }
-  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-  const int r = static_cast<int>(row % M);
-  const long long bk = row / M;
-  const int kvh = static_cast<int>(bk % hkv), b = static_cast<int>(bk / hkv);
-  elem_t* dst = out + ((static_cast<long long>(b) * qb + r / group) * hq + kvh * group + r % group) * D +
-                lane * PER;
-#pragma unroll
-  for (int e = 0; e < PER; e += 2)
-    *reinterpret_cast<unsigned*>(dst + e) = pack2(acc[e] * inv, acc[e + 1] * inv);
+  store_row(out, acc, wsum, row, M, qb, hq, hkv, group, lane);
 }
 #else
-// One warp per packed row (b, kvh, r).
-// The lanes read the splits' lse values side by side (one round trip, not one per split), and the
-// accumulation loop is unrolled so that several splits' partial rows are in flight at once
-// (H200, ncu, B=1 ctx 8k, 33 splits: 12.8 -> 11.3 us with cold partials; about 1 us of a
-// graph-replayed step, where the partials are still in L2).
+// One warp per packed row (b, kvh, r). The accumulation loop is unrolled so that several splits'
+// partial rows are in flight at once (with the lse values read side by side, H200, ncu, B=1 ctx
+// 8k, 33 splits: 12.8 -> 11.3 us with cold partials; about 1 us of a graph-replayed step, where
+// the partials are still in L2). It stays written out here, as in the kernel above: through a
+// shared helper ptxas schedules it differently at head_dim 64 (sm_80, sm_90a), which would send
+// the profile rows that ran it back to the GPU for nothing.
 extern "C" __global__ void __launch_bounds__(128)
     drafter_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part,
                     elem_t* __restrict__ out, int batch, int qb, int hq, int hkv,
@@ -127,10 +147,7 @@ extern "C" __global__ void __launch_bounds__(128)
   const long long row = static_cast<long long>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
-  float lmax = -INFINITY;
-  for (int s = lane; s < num_splits; s += 32) lmax = fmaxf(lmax, lse_part[s * rows + row]);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) lmax = fmaxf(lmax, __shfl_xor_sync(0xffffffff, lmax, o));
+  const float lmax = row_lse_max(lse_part, rows, row, num_splits, lane);
   float acc[PER];
 #pragma unroll
   for (int e = 0; e < PER; ++e) acc[e] = 0.f;
@@ -147,15 +164,7 @@ extern "C" __global__ void __launch_bounds__(128)
       for (int e = 0; e < PER; ++e) acc[e] += w * x.f[e];
     }
   }
-  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-  const int r = static_cast<int>(row % M);
-  const long long bk = row / M;
-  const int kvh = static_cast<int>(bk % hkv), b = static_cast<int>(bk / hkv);
-  elem_t* dst = out + ((static_cast<long long>(b) * qb + r / group) * hq + kvh * group + r % group) * D +
-                lane * PER;
-#pragma unroll
-  for (int e = 0; e < PER; e += 2)
-    *reinterpret_cast<unsigned*>(dst + e) = pack2(acc[e] * inv, acc[e + 1] * inv);
+  store_row(out, acc, wsum, row, M, qb, hq, hkv, group, lane);
 }
 #endif
 
