@@ -1,7 +1,9 @@
 """The split combine's two kernels (`combine=1`: a warp a row; `combine=2`: a CTA of 4 warps a
 row, the splits dealt over its warps, the default up to COMBINE_CTA_MAX_ROWS packed rows) on the
-CPU: what each compiles to, the launch grid, the knob's range, the default rule. The GPU matrix (tests/test_backends_gpu.py, `cupy:combine=2`, forced
-splits included) checks the merged results against the reference."""
+CPU: what each compiles to, the launch grid, the knob's range, the default rule. The GPU matrix
+(tests/test_backends_gpu.py: `cupy`, which merges a CTA a row at its shapes of at most 512 rows,
+and `cupy:combine=1`; forced splits included) checks the merged results against the
+reference."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ def test_combine_knob_is_named_only_when_two():
 
 def test_combine_grid_is_a_cta_a_row_or_a_warp_a_row():
     # B=1, 8 KV heads, 64 rows each: 512 rows
-    assert cb.combine_ctas(512, _params("cupy")) == 128
+    assert cb.combine_ctas(512, _params("cupy:combine=1")) == 128
     assert cb.combine_ctas(513, _params("cupy:combine=1")) == 129
     assert cb.combine_ctas(512, _params("cupy:combine=2")) == 512
     assert cb.combine_ctas(10, object()) == 3  # a family without the knob: a warp a row
