@@ -6,8 +6,9 @@
 #    reference: every mask, pages 8-256 and the arena, ragged lengths, splits, GQA 1-16,
 #    head_dim 64/128, bf16/fp16; the ops, torch.compile, Runtime, host syncs) -> gpu_tests_tail.txt
 # 3. the small-batch attention table, one layer of the main preset: SM 90's defaults (`cupy`: the
-#    pipelined wgmma path, context tiles by TMA from batch 8), the same with cp.async loads
-#    (`cupy:tma=0`) and math only (`skip_loads=1`), beside FlashInfer fa2 (its per-shape and its
+#    pipelined wgmma path, context tiles by TMA from batch 8, the split combine a CTA a row up
+#    to 512 rows), the same with cp.async loads (`cupy:tma=0`), with the combine a warp a row
+#    (`cupy:combine=1`) and math only (`skip_loads=1`), beside FlashInfer fa2 (its per-shape and its
 #    CUDA-graph plan), TensorRT-LLM's XQA and the read floor         -> attention.{csv,md,json}
 # Files in $OUT (8 at most): summary.txt, precompile.log, gpu_tests_tail.txt, table.log,
 # attention.csv/.md/.json and extras.tgz (the profile database of the table's rows). The stages
@@ -17,10 +18,10 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 budgeted_run gpu_overlap
-IMPLS="cupy;cupy:tma=0;cupy:skip_loads=1"
+IMPLS="cupy;cupy:tma=0;cupy:combine=1;cupy:skip_loads=1"
 
 timeout -s INT -k 10 80 python3 scripts/precompile_gpu_matrix.py \
-  cupy cupy:wgmma=0 cupy:overlap=1 cupy:overlap=2 cupy:tma=1 --table "$IMPLS" --page 64,128 \
+  cupy cupy:wgmma=0 cupy:overlap=1 cupy:overlap=2 cupy:tma=1 cupy:combine=1 --table "$IMPLS" --page 64,128 \
   > "$OUT/precompile.log" 2>&1
 tail -n 2 "$OUT/precompile.log" | tee -a "$OUT/summary.txt"
 
