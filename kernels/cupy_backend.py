@@ -344,9 +344,10 @@ def _padded_wgmma(problem: Problem, sm: int | None, overrides: dict) -> bool:
 # The split combine a CTA a row (`combine=2`) up to this many packed query rows a call (batch x
 # Qb x query heads), a warp a row above. H200: at 512 rows (B=1 of the main preset, 16-33 splits)
 # a CTA a row took 1.5-2.1 us off a layer at ctx 2k-32k, where a warp a row runs 128 CTAs of 4
-# warps, latency-bound; at 4096 (B=8, 4 splits) it cost 1.4 us, a warp a row already filling
-# the GPU (results/perf-notes.md, "The split combine as a CTA a row"). Not measured in between.
-COMBINE_CTA_MAX_ROWS = 512
+# warps, latency-bound; at 1024 (B=2 ctx 8k) 0.7 us; at 2048 (B=4) it was level to 0.4 us
+# slower and at 4096 (B=8, 4 splits) 1.4 us slower, a warp a row already filling the GPU
+# (results/perf-notes.md, "The split combine as a CTA a row").
+COMBINE_CTA_MAX_ROWS = 1024
 
 
 def default_params(problem: Problem | None = None, sm: int | None = None,

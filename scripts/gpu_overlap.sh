@@ -7,7 +7,7 @@
 #    head_dim 64/128, bf16/fp16; the ops, torch.compile, Runtime, host syncs) -> gpu_tests_tail.txt
 # 3. the small-batch attention table, one layer of the main preset: SM 90's defaults (`cupy`: the
 #    pipelined wgmma path, context tiles by TMA from batch 8, the split combine a CTA a row up
-#    to 512 rows), the same with cp.async loads (`cupy:tma=0`), with the combine a warp a row
+#    to 1024 rows), the same with cp.async loads (`cupy:tma=0`), with the combine a warp a row
 #    (`cupy:combine=1`) and math only (`skip_loads=1`), beside FlashInfer fa2 (its per-shape and its
 #    CUDA-graph plan), TensorRT-LLM's XQA and the read floor         -> attention.{csv,md,json}
 # Files in $OUT (8 at most): summary.txt, precompile.log, gpu_tests_tail.txt, table.log,

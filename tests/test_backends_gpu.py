@@ -25,7 +25,7 @@ pytestmark = pytest.mark.gpu
 # "cupy:wgmma=0" forces the mma.sync path everywhere; "cupy:overlap=1" / "=2" software-pipeline the
 # wgmma path (sm_90a only; they refuse shapes without it, e.g. 9-warp CTAs), "cupy:tma=1" loads its
 # context tiles with bulk tensor copies (the same shapes, sm_90a only), "cupy:combine=1" merges
-# the splits with a warp a row (every SM; the tests' shapes pack at most 512 rows a call, where
+# the splits with a warp a row (every SM; the tests' shapes pack at most 1024 rows a call, where
 # "cupy" merges a CTA a row); "cutlass" is the CuTe
 # port of the same algorithm (mma.sync), "cutlass:wgmma=1" its warpgroup-MMA path on sm_90 where
 # the shape allows. `cupy:wgmma=1` on CTAs that are not whole warpgroups (laguna's 9 warps padded

@@ -1,7 +1,7 @@
 """The split combine's two kernels (`combine=1`: a warp a row; `combine=2`: a CTA of 4 warps a
 row, the splits dealt over its warps, the default up to COMBINE_CTA_MAX_ROWS packed rows) on the
 CPU: what each compiles to, the launch grid, the knob's range, the default rule. The GPU matrix
-(tests/test_backends_gpu.py: `cupy`, which merges a CTA a row at its shapes of at most 512 rows,
+(tests/test_backends_gpu.py: `cupy`, which merges a CTA a row at its shapes of at most 1024 rows,
 and `cupy:combine=1`; forced splits included) checks the merged results against the
 reference."""
 
@@ -40,15 +40,17 @@ def test_combine_grid_is_a_cta_a_row_or_a_warp_a_row():
     assert cb.combine_ctas(10, object()) == 3  # a family without the knob: a warp a row
 
 
-def test_the_cta_combine_is_the_default_up_to_512_rows_a_call():
-    # batch x Qb x query heads: B=1 of the main preset packs 1 x 16 x 32 = 512 rows (measured
-    # faster a CTA a row), B=8 4096 (measured slower); B=2 1024 (not measured: a warp a row)
-    assert cb.COMBINE_CTA_MAX_ROWS == 512
+def test_the_cta_combine_is_the_default_up_to_1024_rows_a_call():
+    # batch x Qb x query heads: B=1 of the main preset packs 1 x 16 x 32 = 512 rows and B=2 1024
+    # (both measured faster a CTA a row), B=4 2048 (level to slower), B=8 4096 (slower)
+    assert cb.COMBINE_CTA_MAX_ROWS == 1024
     assert _params("cupy", batch=1).combine == 2
-    assert _params("cupy", batch=2).combine == 1
+    assert _params("cupy", batch=2).combine == 2
+    assert _params("cupy", batch=3).combine == 1
+    assert _params("cupy", batch=4).combine == 1
     assert _params("cupy", batch=8).combine == 1
     gpt_oss, laguna = PRESETS["gpt-oss-20b-dflash"], PRESETS["laguna-dflash"]
-    assert gpt_oss.block_size * gpt_oss.num_q_heads <= 512 < laguna.block_size * laguna.num_q_heads
+    assert gpt_oss.block_size * gpt_oss.num_q_heads <= 1024 < laguna.block_size * laguna.num_q_heads
     assert _params("cupy", batch=1, geometry=gpt_oss).combine == 2
     assert _params("cupy", batch=1, geometry=laguna).combine == 1
     # the combine is the same kernel on every SM: the rule holds off SM 90 too

@@ -386,7 +386,7 @@ def test_attention_plan_packs_shapes_once(planning):
     assert plan.attention.grid == (splits, HKV, 1) and plan.attention.block == (128, 1, 1)
     rows = 1 * HKV * QB * (HQ // HKV)
     assert (plan.part_elems, plan.lse_elems) == (splits * rows * D, splits * rows)
-    # at most 512 rows (cb.COMBINE_CTA_MAX_ROWS): the combine takes a CTA a row by default
+    # at most 1024 rows (cb.COMBINE_CTA_MAX_ROWS): the combine takes a CTA a row by default
     assert rows <= cb.COMBINE_CTA_MAX_ROWS
     assert plan.combine.grid == (rows, 1, 1) and plan.combine.args.splits == splits
     _, warp_rows = _plan(cb, backend.with_params(combine=1), case, mask="sliding", window=300)

@@ -63,7 +63,7 @@ def test_shipped_sm90_specs():
     assert len(cupy) == 3 * 56 * 8 + 56 * 7 == 1736
     assert len(full.candidates()) == 1736 + 224 * 2  # cutlass: both paths at every key
     assert len(rep.candidates()) == 3 * 9 * 8 + 9 * 7 == 279
-    # the combine each candidate runs: the default rule's (a CTA a row up to 512 rows) but where
+    # the combine each candidate runs: the default rule's (a CTA a row up to 1024 rows) but where
     # a set names it
     main_b1 = [c for c in cupy if c.preset == "qwen3-8b-dflash-b16" and c.problem.batch == 1]
     assert {c.params_dict["combine"] for c in main_b1} == {1, 2}
