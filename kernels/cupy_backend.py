@@ -73,6 +73,9 @@ class Params:
     combine: int = 1  # the split combine: 1 one warp a row, 2 a CTA of 4 warps a row with the
     # splits dealt over its warps (kernels/cuda/combine_store.cuh, COMBINE_CTA); default_params
     # picks 2 up to COMBINE_CTA_MAX_ROWS packed rows a call
+    row_split: int = 1  # CTAs a (request, KV head, split) deals its Qb*G packed rows over, each
+    # reading the same K/V (the others from L2): laguna's 144 rows as 3 one-warpgroup CTAs of 48
+    # (`num_warps`, drafter_attention.cu ROW_SPLIT; `row_split_reason`)
 
     def smem_bytes(self, head_dim: int, warps: int, wgmma: bool = False,
                    page_size: int | None = None) -> int:
@@ -119,11 +122,30 @@ def tma_bytes(stages: int, warps: int) -> int:
     return stages * 8 + warps * 2 * 16 * 4
 
 
-def num_warps(block_size: int, group: int, wgmma: bool = False) -> int:
+def num_warps(block_size: int, group: int, wgmma: bool = False, row_split: int = 1) -> int:
     """16 packed query rows per warp, and at least 4 warps so loads keep enough bytes in flight.
-    On the wgmma path whole warpgroups (64-row M tiles): `padded_warps` of that count."""
-    warps = max(4, -(-block_size * group // 16))
+    On the wgmma path whole warpgroups (64-row M tiles): `padded_warps` of that count. With
+    `row_split` a CTA holds ceil(Qb*G / row_split) of the rows."""
+    warps = max(4, -(-cta_rows(block_size, group, row_split) // 16))
     return padded_warps(warps) if wgmma else warps
+
+
+def cta_rows(block_size: int, group: int, row_split: int = 1) -> int:
+    """Packed query rows one CTA holds: all Qb*G of its (request, KV head), or its share of them
+    when `row_split` CTAs deal them (the last one may hold fewer)."""
+    return -(-block_size * group // row_split)
+
+
+def row_split_reason(block_size: int, group: int, row_split: int) -> str | None:
+    """Why the rows of a (request, KV head) cannot be dealt over `row_split` CTAs (None when
+    they can): every CTA must get at least one row."""
+    rows = block_size * group
+    if row_split < 1:
+        return f"row_split={row_split}: at least 1"
+    if row_split > 1 and (row_split - 1) * cta_rows(block_size, group, row_split) >= rows:
+        return (f"row_split={row_split} leaves a CTA without rows (Qb*G = {rows} rows, "
+                f"{cta_rows(block_size, group, row_split)} a CTA)")
+    return None
 
 
 def padded_warps(warps: int) -> int:
@@ -314,7 +336,7 @@ def sm_defaults(params_cls, many_warps: dict, problem: Problem | None, sm: int |
     base = params_cls(tile_n=budget.tile_n, stages=budget.stages)
     if problem is not None:
         g = problem.geometry
-        warps = num_warps(g.block_size, g.group)
+        warps = num_warps(g.block_size, g.group, row_split=overrides.get("row_split", 1))
         if warps > 8:
             base = params_cls(**many_warps)
         elif g.block_size > base.tile_n:
@@ -329,7 +351,7 @@ def _padded_wgmma(problem: Problem, sm: int | None, overrides: dict) -> bool:
     default on SM 90 wherever the path takes the shape (H200, laguna B=8-32: 10-19% faster than
     the 9-warp mma.sync variant; results/perf-notes.md, "GQA 9 on the wgmma path")."""
     g = problem.geometry
-    warps = num_warps(g.block_size, g.group)
+    warps = num_warps(g.block_size, g.group, row_split=overrides.get("row_split", 1))
     if not 8 < warps <= MAX_PADDED_WARPS:
         return False
     if "wgmma" in overrides:
@@ -382,7 +404,7 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     # where forced rows need a predicated load iteration (3 warpgroups: the pipelined variants
     # spill at 168 registers).
     g = problem.geometry
-    warps = num_warps(g.block_size, g.group)
+    warps = num_warps(g.block_size, g.group, row_split=params.row_split)
     pipelined = dataclasses.replace(params, overlap=DEFAULT_OVERLAP)
     target = NO_SM if sm is None else sm  # the device's own SM (see _padded_wgmma)
     budget = sm_budget(sm).smem_block
@@ -443,10 +465,11 @@ def supports(problem: Problem, params: Params | None = None, sm: int | None = No
     the reason they do not."""
     g = problem.geometry
     params = params or default_params(problem, sm)
-    reason = problem_reason(problem, params.tile_n)
+    reason = (problem_reason(problem, params.tile_n)
+              or row_split_reason(g.block_size, g.group, params.row_split))
     if reason:
         return reason
-    warps = num_warps(g.block_size, g.group)
+    warps = num_warps(g.block_size, g.group, row_split=params.row_split)
     if params.wgmma:  # forced: refused here, not at compile time
         if sm is not None and sm != 90:  # sm_90a code: the device itself must be SM 90
             return f"wgmma=1 needs the sm_90a wgmma path, which SM {sm} does not have"
@@ -470,6 +493,7 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "overlap": [0, 1, 2],
         "tma": [False, True],
         "combine": [1, 2],
+        "row_split": [1, 2, 3],
     }
 
 
@@ -498,7 +522,10 @@ def common_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | Non
 
 def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | None,
                     block_size: int, group: int, params: Params, sm: int) -> dict[str, int]:
-    warps = num_warps(block_size, group)
+    reason = row_split_reason(block_size, group, params.row_split)
+    if reason:
+        raise ValueError(reason)
+    warps = num_warps(block_size, group, row_split=params.row_split)
     wgmma = use_wgmma(params, head_dim, warps, sm)
     defines = dict(common_defines(dtype, head_dim, page_size, block_size, group, params, wgmma,
                                   padded_warps(warps) if wgmma else warps),
@@ -512,6 +539,8 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         defines["TMA_LOADS"] = 1
     if params.combine == 2:
         defines["COMBINE_CTA"] = 1
+    if params.row_split > 1:  # named only when on: the other variants keep their defines
+        defines["ROW_SPLIT"] = params.row_split
     return defines
 
 
@@ -996,7 +1025,9 @@ class CupyBackend:
         planned = dims.plan_ctx
         kv_tokens = planned if dims.mask == "full" else min(planned, dims.window)
         num_sms, sm = device_info(index)
-        return choose_splits(dims.batch, dims.num_kv_heads, kv_tokens, params.tile_n, num_sms,
+        # row_split CTAs per (request, KV head) split: the wave model counts them all
+        return choose_splits(dims.batch * getattr(params, "row_split", 1), dims.num_kv_heads,
+                             kv_tokens, params.tile_n, num_sms,
                              mod.resident_ctas(sm_budget(sm).smem_sm))
 
     def _plan_attention(self, key, dims, layout, args) -> AttentionPlan:
@@ -1021,7 +1052,8 @@ class CupyBackend:
             table_stride=table.shape[1] if layout == "paged" else 1, capacity=dims.capacity,
             mask_mode=MASK_CODE[dims.mask], window=dims.window or 0,
             scale_log2=dims.scale * math.log2(math.e))
-        attention = Launch(mod.attention, (splits, dims.num_kv_heads, dims.batch),
+        grid_x = splits * getattr(p, "row_split", 1)  # a split's row_split CTAs adjacent in x
+        attention = Launch(mod.attention, (grid_x, dims.num_kv_heads, dims.batch),
                            (mod.threads, 1, 1), mod.smem, packed)
         combine = None
         if splits > 1:

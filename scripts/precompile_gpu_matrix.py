@@ -46,9 +46,12 @@ def matrix_jobs(specs, sm):
         backend = registry.from_spec(spec)
         kern = backend.family
         # a padded-wgmma spec outside BACKENDS runs only its padded cases (test_padded_wgmma_*)
-        cases = matrix._cases() if spec in matrix.BACKENDS or spec not in matrix.PADDED_SPECS else []
+        extra = matrix.PADDED_SPECS + matrix.ROW_SPLIT_SPECS
+        cases = matrix._cases() if spec in matrix.BACKENDS or spec not in extra else []
         if spec in matrix.PADDED_SPECS:
             cases = cases + matrix._padded_cases()
+        if spec in matrix.ROW_SPLIT_SPECS:
+            cases = cases + matrix._row_split_cases()
         for case in cases:
             geom, page, lens, _ = case.values
             for layout, ps in (("paged", page), ("arena", None)):

@@ -473,3 +473,64 @@ def test_padded_wgmma_forced_splits(spec, splits, geom):
     ref = reference.paged_attention(q, kb, vb, *cache, **kw)
     _poison_allocator(q)
     _assert_close(impl.paged_attention(q, kb, vb, *cache, **kw), ref, geom.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# a (request, KV head)'s rows dealt over several CTAs (`row_split`, issue 12: laguna's 144 rows
+# as 3 CTAs of one warpgroup, on the pipelined 4-warp path and its TMA loads)
+
+# Specs: the 4-warp pipelined path the split rows take by default on sm_90 (cp.async below batch
+# 8), its TMA loads, mma.sync (every SM), and 2 CTAs a group (laguna: 72 rows, 5 mma.sync warps).
+ROW_SPLIT_SPECS = ["cupy:row_split=3", "cupy:row_split=3,tma=1", "cupy:row_split=3,wgmma=0",
+                   "cupy:row_split=2"]
+ROW_SPLIT_GEOMETRIES = PADDED_GEOMETRIES + [PRESETS["qwen3-8b-dflash-b16"]]  # 64 rows: 22/22/20
+
+
+def _row_split_cases():
+    rng = random.Random(13)
+    cases = []
+    for n in range(30):
+        g = ROW_SPLIT_GEOMETRIES[n % len(ROW_SPLIT_GEOMETRIES)]
+        mask = ["full", "sliding", "sliding_causal"][(n // len(ROW_SPLIT_GEOMETRIES)) % 3]
+        window = None if mask == "full" else rng.choice([1, g.block_size - 1, 37, 512, 5000])
+        page = [8, 16, 64, 128, None, 32][n % 6]
+        dtype = "bfloat16" if n % 4 else "float16"
+        p = page or 64
+        lens = [rng.choice([0, 1, p - 1, p, p + 1, 2 * p + 3, 33, rng.randrange(1, 3000)])
+                for _ in range(rng.choice([1, 2, 3, 5]))]
+        if n % 10 == 7:
+            lens = [20000 + rng.randrange(100), 7]
+        cases.append(pytest.param(g.with_(mask=mask, window=window, dtype=dtype), page, lens, n,
+                                  id=f"{n}-h{g.num_q_heads}/{g.num_kv_heads}-d{g.head_dim}"
+                                  f"-qb{g.block_size}-{mask}{window or ''}-p{page or 'arena'}"
+                                  f"-{dtype}-{lens}"))
+    return cases
+
+
+@pytest.mark.parametrize("spec", ROW_SPLIT_SPECS)
+@pytest.mark.parametrize("geom,page,lens,seed", _row_split_cases())
+def test_row_split_matches_reference(spec, geom, page, lens, seed):
+    """Every CTA of a split writes its own rows, none twice, none missing (poisoned output)."""
+    if "wgmma=0" not in spec and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the pipelined path and TMA are sm_90a's")
+    layout = "paged" if page else "arena"
+    test_attention_matches_reference(spec, layout, geom, page, lens, seed)
+
+
+@pytest.mark.parametrize("splits", [2, 5])
+@pytest.mark.parametrize("geom", [PRESETS["laguna-dflash"], PADDED_GEOMETRIES[3]],
+                         ids=["laguna", "qb12g9"])
+def test_row_split_forced_splits(splits, geom):
+    """Split-KV partials of row-split CTAs (each CTA its rows' partials) through the combine, and
+    the launch grid: a split's row_split CTAs adjacent in x."""
+    impl = _backend("cupy:row_split=3,wgmma=0").with_params(num_splits=splits)
+    gen = torch.Generator().manual_seed(splits)
+    lens = [0, 5, 700, 4097]
+    q, kb, vb = _block_inputs(geom, len(lens), gen)
+    cache = random_paged_context(geom, lens, 64, "cuda", gen)
+    kw = dict(mask=geom.mask, window=geom.window)
+    ref = reference.paged_attention(q, kb, vb, *cache, **kw)
+    _poison_allocator(q)
+    _assert_close(impl.paged_attention(q, kb, vb, *cache, **kw), ref, geom.dtype)
+    (plan,) = impl._plans.values()
+    assert plan.attention.grid == (3 * splits, geom.num_kv_heads, len(lens))

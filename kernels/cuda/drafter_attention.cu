@@ -13,7 +13,9 @@
 // while tile v's softmax runs; K and V in separate stage rings; see the #if OVERLAP block),
 // TMA_LOADS (with OVERLAP only: lane 0 of each warp issues a share of each context tile's bulk
 // tensor copies, which land already swizzled and complete on a shared-memory barrier, instead
-// of every thread's cp.async; see the #if TMA_LOADS blocks).
+// of every thread's cp.async; see the #if TMA_LOADS blocks), ROW_SPLIT (the Qb*G rows of a
+// (request, KV head) dealt over ROW_SPLIT CTAs of ceil(Qb*G / ROW_SPLIT) rows each, which read
+// the same K/V: laguna's 144 rows as 3 CTAs of one warpgroup instead of one of 3 warpgroups).
 //
 // One CTA = one (request b, KV head, KV split). Its Qb*G query rows (all query heads sharing the KV
 // head, for every block position) form one M-tile, so each K/V byte is read once per split and
@@ -27,6 +29,9 @@
 #endif
 #ifndef SKIP_LOADS
 #define SKIP_LOADS 0  // diagnostic only: the math on whatever the stages hold, no K/V loads
+#endif
+#ifndef ROW_SPLIT
+#define ROW_SPLIT 1  // CTAs a (request, KV head, split) deals its packed query rows over
 #endif
 // cache_offset, and the drafter_combine / drafter_store kernels of this module
 #include "combine_store.cuh"
@@ -186,7 +191,8 @@ static_assert(!TMA_LOADS, "TMA needs the wgmma path");
 // Packed query row of a thread's accumulator rows: half 0 holds row g = lane / 4 of its warp's
 // 16 (this), half 1 row g + 8 (the m16n8 C layout; on the wgmma path warp w's rows are rows
 // 16 (w % 4) .. +15 of its warpgroup's 64, the same packed rows). Rows >= M = Qb * G (the
-// padding of the last warp or warpgroup) hold zero Q and are never stored.
+// padding of the last warp or warpgroup) hold zero Q and are never stored. With ROW_SPLIT the
+// CTA's rows start at its share's first row (`r_lo`) and rows >= its share's end are padding.
 DRAFTER_HD __forceinline__ int query_row(int warp, int g) { return warp * 16 + g; }
 
 static_assert(D % 16 == 0 && N % 16 == 0, "tile shapes must be multiples of 16");
@@ -236,10 +242,15 @@ __device__ __forceinline__ void attention_body(
   // ID_RING: [ID_SLOTS][NUM_WARPS][PG] page ids after the stages and Q; TMA: [STAGES] barriers
   int* sIds = reinterpret_cast<int*>(sV + V_STAGES * TILE_ELEMS + (Q_SMEM ? NUM_WARPS * 16 * ROW_STRIDE : 0));
 
-  const int split = blockIdx.x, num_splits = gridDim.x;
+  // ROW_SPLIT: the ROW_SPLIT CTAs of one split are adjacent in x, so they run together and
+  // their common K/V tiles come from L2 after the first read (ROW_SPLIT 1 folds all of it away)
+  const int split = blockIdx.x / ROW_SPLIT, num_splits = gridDim.x / ROW_SPLIT;
   const int kvh = blockIdx.y, b = blockIdx.z, batch = gridDim.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int M = qb * group;
+  const int share = (M + ROW_SPLIT - 1) / ROW_SPLIT;
+  const int r_lo = ROW_SPLIT > 1 ? static_cast<int>(blockIdx.x % ROW_SPLIT) * share : 0;
+  const int r_end = ROW_SPLIT > 1 ? min(M, r_lo + share) : M;  // this CTA's rows: [r_lo, r_end)
 
   // ---- this CTA's share of the context: tiles [t0, t1), plus the block's own K/V if last split
   const int P = max(0, min(ctx_lens[b], capacity));
@@ -259,15 +270,15 @@ __device__ __forceinline__ void attention_body(
   // ---- Q: A operand of S = Q K^T. Kept in registers, or (Q_SMEM, for many-warp CTAs whose
   // per-thread register budget is small) in shared memory behind the K/V stages, re-read per tile.
   const int g = lane >> 2, t4 = lane & 3;
-  const int r0 = query_row(warp, g), r1 = r0 + 8;
+  const int r0 = r_lo + query_row(warp, g), r1 = r0 + 8;
   const int i0 = min(r0 / group, qb - 1), i1 = min(r1 / group, qb - 1);
 #if Q_SMEM
   elem_t* sQ = sV + V_STAGES * TILE_ELEMS;  // [NUM_WARPS*16][ROW_STRIDE]
   for (int c = tid; c < NUM_WARPS * 16 * CPR; c += NT) {
-    const int r = c / CPR, col = (c % CPR) * 8;
+    const int r = r_lo + c / CPR, col = (c % CPR) * 8;
     const int i = min(r / group, qb - 1);
     const elem_t* src = q + ((static_cast<long long>(b) * qb + i) * hq + kvh * group + r % group) * D + col;
-    cp_async_16(sQ + r * ROW_STRIDE + col, r < M ? src : q, r < M);
+    cp_async_16(sQ + (r - r_lo) * ROW_STRIDE + col, r < r_end ? src : q, r < r_end);
   }
   // committed together with the first K/V group; visible after the first wait + barrier
 #else
@@ -275,7 +286,7 @@ __device__ __forceinline__ void attention_body(
   {
     const elem_t* q0 = q + ((static_cast<long long>(b) * qb + i0) * hq + kvh * group + r0 % group) * D;
     const elem_t* q1 = q + ((static_cast<long long>(b) * qb + i1) * hq + kvh * group + r1 % group) * D;
-    const bool v0 = r0 < M, v1 = r1 < M;
+    const bool v0 = r0 < r_end, v1 = r1 < r_end;
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ++ks) {
       const int c = ks * 16 + 2 * t4;
@@ -751,9 +762,9 @@ __device__ __forceinline__ void attention_body(
     }
     if (SKIP_COMPUTE) continue;
 #if WGMMA
-    if ((warp >> 2) * 64 >= M) continue;  // a warpgroup with no query rows only helps load
+    if (r_lo + (warp >> 2) * 64 >= r_end) continue;  // a warpgroup with no query rows only helps load
 #else
-    if (warp * 16 >= M) continue;  // a warp with no query rows only helps load
+    if (r_lo + warp * 16 >= r_end) continue;  // a warp with no query rows only helps load
 #endif
     const int stage = v % STAGES;
     const elem_t* cK = sK + stage * TILE_ELEMS;
@@ -913,7 +924,7 @@ __device__ __forceinline__ void attention_body(
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = half ? r1 : r0;
-      if (r >= M) continue;
+      if (r >= r_end) continue;
       const int i = r / group;
       const float inv = half ? inv1 : inv0;
       elem_t* dst = out + ((static_cast<long long>(b) * qb + i) * hq + kvh * group + r % group) * D;
@@ -928,7 +939,7 @@ __device__ __forceinline__ void attention_body(
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = half ? r1 : r0;
-      if (r >= M) continue;
+      if (r >= r_end) continue;
       const float inv = half ? inv1 : inv0;
       float* dst = o_part + (row_base + r) * D;
 #pragma unroll
