@@ -363,6 +363,24 @@ def _padded_wgmma(problem: Problem, sm: int | None, overrides: dict) -> bool:
             and wgmma_reason(g.head_dim, warps, tile_n) is None)
 
 
+def _row_split_default(problem: Problem, sm: int | None, overrides: dict) -> int:
+    """SM 90's `row_split` for CTAs of 9-12 warps (laguna's 144 rows, GQA 12's 192): the rows
+    dealt over ceil(rows / 64) CTAs of one warpgroup, which take the pipelined path the main
+    preset runs (two CTAs an SM) instead of the padded one (3 warpgroups, one CTA an SM). H200,
+    laguna, page 64 / arena, same run: B=8 ctx 8k 29.0 / 30.1 -> 24.4 / 24.1 us, B=32 ctx 8k-32k
+    71.2-71.5 -> 63.2-63.9, B=1 ctx 8k 18.7 / 18.2 -> 17.9 / 18.3 (results/perf-notes.md, "GQA 9
+    as three one-warpgroup CTAs"). 1 (no split) wherever a parameter names the path (`wgmma`,
+    `row_split`), off SM 90, and where the one-warpgroup CTA would not take the wgmma path."""
+    g = problem.geometry
+    if "row_split" in overrides or "wgmma" in overrides or (NO_SM if sm is None else sm) != 90:
+        return 1
+    if not 8 < num_warps(g.block_size, g.group) <= MAX_PADDED_WARPS:
+        return 1
+    rs = -(-g.block_size * g.group // 64)
+    tile_n = overrides.get("tile_n", sm_budget(sm).tile_n)
+    return rs if wgmma_fits(g.head_dim, num_warps(g.block_size, g.group, row_split=rs), tile_n) else 1
+
+
 # The split combine a CTA a row (`combine=2`) up to this many packed query rows a call (batch x
 # Qb x query heads), a warp a row above. H200: at 512 rows (B=1 of the main preset, 16-33 splits)
 # a CTA a row took 1.5-2.1 us off a layer at ctx 2k-32k, where a warp a row runs 128 CTAs of 4
@@ -385,10 +403,13 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     (neither happens for the presets' shapes). Given a problem, SM 90's defaults software-pipeline
     the tiles (`overlap=DEFAULT_OVERLAP`) wherever the wgmma path runs and the extra V stage fits,
     unless the overrides name `overlap` or exclude that path (`wgmma=False`). CTAs of 9-12 warps
-    on SM 90 (and elsewhere when `wgmma=True` is asked for) take `PADDED_WGMMA` instead (3
+    on SM 90 deal their rows over one-warpgroup CTAs (`_row_split_default`: laguna as 3 CTAs
+    of 48 rows, each as the main preset's); `wgmma=True` takes `PADDED_WGMMA` instead (3
     warpgroups: 32-key tiles in 8 stages, Q in registers, not pipelined). The split combine runs
     a CTA a row up to `COMBINE_CTA_MAX_ROWS` packed rows a call, a warp a row above."""
     many = MANY_WARPS
+    if problem is not None and _row_split_default(problem, sm, overrides) > 1:
+        overrides = {"row_split": _row_split_default(problem, sm, overrides), **overrides}
     if problem is not None and "combine" not in overrides:
         g = problem.geometry
         rows = problem.batch * g.block_size * g.num_q_heads

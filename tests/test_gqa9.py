@@ -56,23 +56,31 @@ def test_warp_counts():
         assert cb.num_warps(bs, g) == cb.num_warps(bs, g, wgmma=True), (bs, g)
 
 
-def test_laguna_default_is_the_padded_path_on_sm90_only():
-    """SM 90 pads 9-12 warps to whole warpgroups by default (measured faster on the H200,
-    scripts/gpu_gqa9.sh); other SMs, and `wgmma=False`, keep the 9-warp mma.sync variant."""
+def test_laguna_default_deals_its_rows_over_three_ctas_on_sm90_only():
+    """SM 90 runs 9-12 warps as ceil(rows / 64) one-warpgroup CTAs on the pipelined path by
+    default (measured faster on the H200 than the padded path, itself faster than mma.sync,
+    scripts/gpu_row_split.sh); `wgmma=True` keeps the padded path; other SMs, and
+    `wgmma=False`, keep the 9-warp mma.sync variant."""
     for sm in (90, None):  # None: SM 90's defaults
         p = cb.default_params(_problem(LAGUNA), sm)
-        assert p == cb.Params(**cb.PADDED_WGMMA, wgmma=True), p
+        assert p == cb.Params(overlap=cb.DEFAULT_OVERLAP, tma=True, row_split=3), p
         d = _defines(LAGUNA, 64, p)
-        assert (d["WGMMA"], d["NUM_WARPS"]) == (1, 12)
+        assert (d["WGMMA"], d["NUM_WARPS"], d["ROW_SPLIT"]) == (1, 4, 3)
+        for geom in (GQA12, GQA9_D64):
+            assert cb.default_params(_problem(geom), sm).row_split == 3
+        assert cb.default_params(_problem(QB12_G9), sm).row_split == 1  # 7 warps: as before
+    p = cb.default_params(_problem(LAGUNA), 90, wgmma=True)
+    assert p == cb.Params(**cb.PADDED_WGMMA, wgmma=True), p
+    assert (_defines(LAGUNA, 64, p)["NUM_WARPS"], p.row_split) == (12, 1)
     for sm in (80, 100, 120):
         p = cb.default_params(_problem(LAGUNA), sm)
         assert p == cb.Params(16, 6, q_smem=True), (sm, p)
         assert _defines(LAGUNA, 64, p, sm)["NUM_WARPS"] == 9
     p = cb.default_params(_problem(LAGUNA), 90, wgmma=False)
     assert p == cb.Params(16, 6, q_smem=True, wgmma=False), p
-    # an override the padded path does not take (16-key tiles) keeps mma.sync
+    # an override the one-warpgroup wgmma path does not take (16-key tiles) keeps 9-warp mma.sync
     p = cb.default_params(_problem(LAGUNA), 90, tile_n=16)
-    assert p.wgmma is None and _defines(LAGUNA, 64, p)["WGMMA"] == 0
+    assert p.wgmma is None and p.row_split == 1 and _defines(LAGUNA, 64, p)["WGMMA"] == 0
     # whole warpgroups are unaffected
     main = Geometry(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16)
     assert cb.default_params(_problem(main), 90).wgmma is None

@@ -43,8 +43,9 @@ def test_every_target_has_a_budget():
 @pytest.mark.parametrize("sm", [90, None])
 def test_sm_90_defaults_are_the_measured_ones(sm):
     """What the H200 measured (and sm_90a compiles): 64-key tiles in 3 stages, software-pipelined
-    where the wgmma path runs; above 8 warps the padded wgmma path (32-key tiles in 8 stages, Q in
-    registers); cutlass 32 x 3 there. At batch 1 the split combine a CTA a row up to 1024 rows."""
+    where the wgmma path runs; above 8 warps the rows dealt over one-warpgroup CTAs of that path
+    (`row_split`); cutlass 32 x 3 there. At batch 1 the split combine a CTA a row up to 1024
+    rows."""
     from drafter_attn.kernels import cutlass_backend as kb
 
     for name, problem in _problems():
@@ -52,7 +53,7 @@ def test_sm_90_defaults_are_the_measured_ones(sm):
         warps = cb.num_warps(g.block_size, g.group)
         pipelined = cb.DEFAULT_OVERLAP if cb.wgmma_fits(g.head_dim, warps, 64) else 0
         combine = 2 if g.block_size * g.num_q_heads <= cb.COMBINE_CTA_MAX_ROWS else 1
-        want = (cb.Params(**cb.PADDED_WGMMA, wgmma=True, combine=combine) if warps > 8
+        want = (cb.Params(overlap=cb.DEFAULT_OVERLAP, combine=combine, row_split=3) if warps > 8
                 else cb.Params(overlap=pipelined, combine=combine))
         assert cb.default_params(problem, sm) == want, name
         kwant = kb.Params(32, 3, q_smem=True) if warps > 8 else kb.Params()

@@ -83,8 +83,11 @@ def test_backend_refuses_what_tma_cannot_feed():
     assert "sm_90a" in tma_backend.supports(_problem(), 100)
     assert "overlap" in registry.from_spec("cupy:tma=1,overlap=0").supports(_problem(), 90)
     assert "q_smem" in registry.from_spec("cupy:tma=1,q_smem=1").supports(_problem(), 90)
-    # laguna's 9-warp CTAs have no pipelined variant, so no TMA one
-    assert tma_backend.supports(_problem(geom=PRESETS["laguna-dflash"]), 90) is not None
+    # laguna's 9-warp CTAs have no pipelined variant, so no TMA one; its rows dealt over
+    # one-warpgroup CTAs (SM 90's default) do
+    laguna = _problem(geom=PRESETS["laguna-dflash"])
+    assert registry.from_spec("cupy:tma=1,row_split=1").supports(laguna, 90) is not None
+    assert tma_backend.supports(laguna, 90) is None
 
 
 def test_shared_memory_counts_barriers_and_page_ids_not_the_ring():
@@ -113,7 +116,7 @@ def test_default_takes_tma_from_batch_8_on_the_pipelined_path_only():
     for layout, page in (("paged", 16), ("paged", 64), ("arena", None)):
         assert not cupy.params_for(_problem(layout, page, batch=below), 90).tma
         assert cupy.params_for(_problem(layout, page, batch=at), 90).tma
-    # not where something excludes it or names it, nor off SM 90, nor on laguna's padded path
+    # not where something excludes it or names it, nor off SM 90, nor on laguna's padded path;
     # below batch 8 from a 128k context up
     assert not cupy.params_for(_problem(batch=1, ctx=cb.TMA_MIN_CTX // 2), 90).tma
     assert cupy.params_for(_problem(batch=1, ctx=cb.TMA_MIN_CTX), 90).tma
@@ -122,7 +125,10 @@ def test_default_takes_tma_from_batch_8_on_the_pipelined_path_only():
     assert not cupy.with_params(tma=False).params_for(_problem(batch=32), 90).tma
     assert cupy.with_params(tma=True).params_for(_problem(batch=1), 90).tma
     assert not cupy.params_for(_problem(batch=32), 100).tma
-    assert not cupy.params_for(_problem(geom=PRESETS["laguna-dflash"], batch=32), 90).tma
+    laguna = _problem(geom=PRESETS["laguna-dflash"], batch=32)
+    assert not cupy.with_params(wgmma=True).params_for(laguna, 90).tma
+    # laguna's default deals its rows over one-warpgroup CTAs on the pipelined path: TMA there
+    assert cupy.params_for(laguna, 90).tma and cupy.params_for(laguna, 90).row_split == 3
     # page 8 keeps cp.async (32 boxes of 1 KB a tile), and head_dim 64 below page 32
     assert not cupy.params_for(_problem(page=8, batch=32), 90).tma
     oss = PRESETS["gpt-oss-20b-dflash"]
