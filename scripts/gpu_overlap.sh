@@ -12,7 +12,7 @@
 #    CUDA-graph plan), TensorRT-LLM's XQA and the read floor         -> attention.{csv,md,json}
 # Files in $OUT (8 at most): summary.txt, precompile.log, gpu_tests_tail.txt, table.log,
 # attention.csv/.md/.json and extras.tgz (the profile database of the table's rows). The stages
-# share a budget of TOTAL seconds (default 525, under 9 minutes): precompile at most 80 s, the
+# share a budget of TOTAL seconds (default 525, under 9 minutes): precompile at most 100 s, the
 # tests at most 240 s while leaving the table at least 150 s, the table the rest. A stage cut
 # short gets SIGINT: the table keeps every row measured so far in attention.csv.
 set -uo pipefail
@@ -20,8 +20,9 @@ source "$(dirname "$0")/gpu_env.sh"
 budgeted_run gpu_overlap
 IMPLS="cupy;cupy:tma=0;cupy:combine=1;cupy:skip_loads=1"
 
-timeout -s INT -k 10 80 python3 scripts/precompile_gpu_matrix.py \
-  cupy cupy:wgmma=0 cupy:overlap=1 cupy:overlap=2 cupy:tma=1 cupy:combine=1 --table "$IMPLS" --page 64,128 \
+timeout -s INT -k 10 100 python3 scripts/precompile_gpu_matrix.py \
+  cupy cupy:wgmma=0 cupy:overlap=1 cupy:overlap=2 cupy:tma=1 cupy:combine=1 cupy:row_split=3 \
+  cupy:row_split=3,tma=1 cupy:row_split=3,wgmma=0 cupy:row_split=2 --table "$IMPLS" --page 64,128 \
   > "$OUT/precompile.log" 2>&1
 tail -n 2 "$OUT/precompile.log" | tee -a "$OUT/summary.txt"
 
