@@ -408,8 +408,9 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     warpgroups: 32-key tiles in 8 stages, Q in registers, not pipelined). The split combine runs
     a CTA a row up to `COMBINE_CTA_MAX_ROWS` packed rows a call, a warp a row above."""
     many = MANY_WARPS
-    if problem is not None and _row_split_default(problem, sm, overrides) > 1:
-        overrides = {"row_split": _row_split_default(problem, sm, overrides), **overrides}
+    row_split = 1 if problem is None else _row_split_default(problem, sm, overrides)
+    if row_split > 1:
+        overrides = {"row_split": row_split, **overrides}
     if problem is not None and "combine" not in overrides:
         g = problem.geometry
         rows = problem.batch * g.block_size * g.num_q_heads
