@@ -4,8 +4,9 @@
 // id is the one the thread looked up (page_row of its page_slot, and on the WARP_ROWS path the id
 // lane j looked up for slot j); a warp instruction reads whole 128-byte row segments and writes
 // shared memory without bank conflicts (wgmma layout); and the number of page ids per thread
-// is what the kernel holds (PG, PGR); and the packed query rows (query_row): every output
-// element of the M = Qb * G rows stored once, the padding rows never.
+// is what the kernel holds (PG, PGR); and the packed query rows (query_row, row_share): every
+// output element of the M = Qb * G rows stored once, also when ROW_SPLIT CTAs share them, the
+// padding rows never.
 #define DRAFTER_LAYOUTS_ONLY 1
 #include "drafter_attention.cu"
 
@@ -94,36 +95,50 @@ int main() {
   // NUM_WARPS serves (M > 16 * (NUM_WARPS - 4) on the wgmma path: whole warpgroups, each with
   // rows), every row < M and column is stored by exactly one (thread, element) and maps to a
   // block position i = r / G < Qb; the rows >= M (padding) are never stored. Every warpgroup
-  // holds at least one row < M (no warpgroup idles around its wgmmas).
+  // holds at least one row < M (no warpgroup idles around its wgmmas). The same with the rows
+  // dealt over `parts` CTAs (row_share, ROW_SPLIT): the CTAs' rows together store each element
+  // once, each CTA holds at least one row (where the host allows the split: row_split_reason)
+  // and only rows of its own share, and every warpgroup of a full share holds rows.
   int ms = 0;
-  for (int qb = 1; qb <= 64; ++qb) {
-    for (int group = 1; group <= 16; ++group) {
-      const int M = qb * group;
-      const int w16 = M < 64 ? 4 : (M + 15) / 16;  // num_warps
-      const int want = WGMMA ? (w16 + 3) / 4 * 4 : w16;  // padded_warps on the wgmma path
-      if (want != NUM_WARPS) continue;
-      ++ms;
-      std::vector<int> stored(M * D, 0);
-      for (int warp = 0; warp < NUM_WARPS; ++warp) {
-        for (int lane = 0; lane < 32; ++lane) {
-          const int r0 = query_row(warp, lane >> 2), t4 = lane & 3;
-          for (int half = 0; half < 2; ++half) {
-            const int r = half ? r0 + 8 : r0;
-            if (r >= M) continue;  // the kernel's epilogue: `if (r >= M) continue`
-            if (r / group >= qb) fail("row's block position", r, group, r / group, qb);
-            for (int d = 0; d < D / 8; ++d) {
-              stored[r * D + d * 8 + 2 * t4] += 1;
-              stored[r * D + d * 8 + 2 * t4 + 1] += 1;
+  for (int parts = 1; parts <= 4; ++parts) {
+    for (int qb = 1; qb <= 64; ++qb) {
+      for (int group = 1; group <= 16; ++group) {
+        const int M = qb * group, share = (M + parts - 1) / parts;
+        if (parts > 1 && (parts - 1) * share >= M) continue;  // refused by the host
+        const int w16 = share < 64 ? 4 : (share + 15) / 16;  // num_warps(..., row_split=parts)
+        const int want = WGMMA ? (w16 + 3) / 4 * 4 : w16;  // padded_warps on the wgmma path
+        if (want != NUM_WARPS) continue;
+        ++ms;
+        std::vector<int> stored(M * D, 0);
+        for (int part = 0; part < parts; ++part) {
+          int lo = 0, end = M;
+          if (parts > 1) row_share(M, parts, part, lo, end);
+          if (lo >= end) fail("row share without rows", part, parts, lo, end);
+          if (end - lo > 16 * NUM_WARPS) fail("row share past the CTA's rows", part, parts, end - lo, NUM_WARPS);
+          for (int warp = 0; warp < NUM_WARPS; ++warp) {
+            for (int lane = 0; lane < 32; ++lane) {
+              const int r0 = lo + query_row(warp, lane >> 2), t4 = lane & 3;
+              for (int half = 0; half < 2; ++half) {
+                const int r = half ? r0 + 8 : r0;
+                if (r >= end) continue;  // the kernel's epilogue: `if (r >= r_end) continue`
+                if (r / group >= qb) fail("row's block position", r, group, r / group, qb);
+                for (int d = 0; d < D / 8; ++d) {
+                  stored[r * D + d * 8 + 2 * t4] += 1;
+                  stored[r * D + d * 8 + 2 * t4 + 1] += 1;
+                }
+              }
             }
           }
-        }
-      }
-      for (int e = 0; e < M * D; ++e)
-        if (stored[e] != 1) fail("output element stored once", e / D, e % D, stored[e], 1);
 #if WGMMA
-      for (int wg = 0; wg < NUM_WARPS / 4; ++wg)
-        if (query_row(wg * 4, 0) >= M) fail("warpgroup without query rows", wg, M, qb, group);
+          // (a short last share, e.g. 129 rows as 65 + 64 over 2 warpgroups, may leave its last
+          // warpgroup on zero rows: correct, never stored, only idle)
+          for (int wg = 0; wg < NUM_WARPS / 4 && end - lo == share; ++wg)
+            if (lo + query_row(wg * 4, 0) >= end) fail("warpgroup without query rows", wg, M, qb, group);
 #endif
+        }
+        for (int e = 0; e < M * D; ++e)
+          if (stored[e] != 1) fail("output element stored once", e / D, e % D, stored[e], 1);
+      }
     }
   }
   if (ms == 0 && NUM_WARPS <= 16) fail("no (Qb, G) of this NUM_WARPS checked", NUM_WARPS, 0, 0, 0);

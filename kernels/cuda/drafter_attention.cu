@@ -194,6 +194,13 @@ static_assert(!TMA_LOADS, "TMA needs the wgmma path");
 // padding of the last warp or warpgroup) hold zero Q and are never stored. With ROW_SPLIT the
 // CTA's rows start at its share's first row (`r_lo`) and rows >= its share's end are padding.
 DRAFTER_HD __forceinline__ int query_row(int warp, int g) { return warp * 16 + g; }
+// The packed rows [lo, end) of CTA `part` of the `parts` CTAs a (request, KV head, split) deals
+// its M rows over (ROW_SPLIT): ceil(M / parts) each, the last one the rest.
+DRAFTER_HD __forceinline__ void row_share(int M, int parts, int part, int& lo, int& end) {
+  const int share = (M + parts - 1) / parts;
+  lo = part * share;
+  end = min(M, lo + share);
+}
 
 static_assert(D % 16 == 0 && N % 16 == 0, "tile shapes must be multiples of 16");
 static_assert(NT % CPR == 0, "a thread must keep its column across load iterations");
@@ -248,9 +255,8 @@ __device__ __forceinline__ void attention_body(
   const int kvh = blockIdx.y, b = blockIdx.z, batch = gridDim.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int M = qb * group;
-  const int share = (M + ROW_SPLIT - 1) / ROW_SPLIT;
-  const int r_lo = ROW_SPLIT > 1 ? static_cast<int>(blockIdx.x % ROW_SPLIT) * share : 0;
-  const int r_end = ROW_SPLIT > 1 ? min(M, r_lo + share) : M;  // this CTA's rows: [r_lo, r_end)
+  int r_lo = 0, r_end = M;  // this CTA's rows
+  if (ROW_SPLIT > 1) row_share(M, ROW_SPLIT, static_cast<int>(blockIdx.x % ROW_SPLIT), r_lo, r_end);
 
   // ---- this CTA's share of the context: tiles [t0, t1), plus the block's own K/V if last split
   const int P = max(0, min(ctx_lens[b], capacity));
