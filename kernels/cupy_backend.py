@@ -374,9 +374,10 @@ def _row_split_default(problem: Problem, sm: int | None, overrides: dict) -> int
     g = problem.geometry
     if "row_split" in overrides or "wgmma" in overrides or (NO_SM if sm is None else sm) != 90:
         return 1
-    if not 8 < num_warps(g.block_size, g.group) <= MAX_PADDED_WARPS:
+    warps = num_warps(g.block_size, g.group)
+    if not 8 < warps <= MAX_PADDED_WARPS:
         return 1
-    rs = -(-g.block_size * g.group // 64)
+    rs = padded_warps(warps) // 4  # a CTA for each warpgroup the padded path would run
     tile_n = overrides.get("tile_n", sm_budget(sm).tile_n)
     return rs if wgmma_fits(g.head_dim, num_warps(g.block_size, g.group, row_split=rs), tile_n) else 1
 

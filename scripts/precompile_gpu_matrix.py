@@ -45,13 +45,13 @@ def matrix_jobs(specs, sm):
     for spec in specs:
         backend = registry.from_spec(spec)
         kern = backend.family
-        # a padded-wgmma spec outside BACKENDS runs only its padded cases (test_padded_wgmma_*)
-        extra = matrix.PADDED_SPECS + matrix.ROW_SPLIT_SPECS
-        cases = matrix._cases() if spec in matrix.BACKENDS or spec not in extra else []
-        if spec in matrix.PADDED_SPECS:
-            cases = cases + matrix._padded_cases()
-        if spec in matrix.ROW_SPLIT_SPECS:
-            cases = cases + matrix._row_split_cases()
+        # a padded-wgmma or row-split spec outside BACKENDS runs only its own cases
+        # (test_padded_wgmma_*, test_row_split_*)
+        own = [cases() for specs, cases in ((matrix.PADDED_SPECS, matrix._padded_cases),
+                                            (matrix.ROW_SPLIT_SPECS, matrix._row_split_cases))
+               if spec in specs]
+        cases = matrix._cases() if spec in matrix.BACKENDS or not own else []
+        cases = cases + [case for group in own for case in group]
         for case in cases:
             geom, page, lens, _ = case.values
             for layout, ps in (("paged", page), ("arena", None)):

@@ -83,19 +83,15 @@ def cluster():
     # Token authentication off for every process of these tests (the nodes, the drivers and this
     # one): once any local `ray.init` has written ~/.ray/auth_token, Ray turns it on for some
     # processes and not others, and the second node could not join the head.
-    saved = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    c = LocalCluster()
-    try:
-        c.start_node(90, head=True)
-        c.start_node(100)
-        yield c
-    finally:
-        c.stop()
-        if saved is None:
-            os.environ.pop("RAY_AUTH_MODE", None)
-        else:
-            os.environ["RAY_AUTH_MODE"] = saved
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_AUTH_MODE", "disabled")
+        c = LocalCluster()
+        try:
+            c.start_node(90, head=True)
+            c.start_node(100)
+            yield c
+        finally:
+            c.stop()
 
 
 def _sweep_in_process(cluster, cands, path, **kw):

@@ -21,6 +21,7 @@ from drafter_attn.kernels import cupy_backend as cb
 from drafter_attn.kernels import nvrtc, registry
 from drafter_attn.kernels.presets import PRESETS
 from drafter_attn.kernels.spec import Geometry, Problem
+from tests.test_ops import HKV, HQ, QB, _plan, planning, trtllm_pool_case  # noqa: F401 (fixture)
 
 LAGUNA = PRESETS["laguna-dflash"]
 MAIN = PRESETS["qwen3-8b-dflash-b16"]
@@ -104,12 +105,10 @@ def test_row_split_variants_compile_without_spills(cache_dir, geom, page, spec, 
     assert attn.spill_store_bytes == attn.spill_load_bytes == attn.stack_bytes == 0, attn
 
 
-def test_planned_grid_deals_a_splits_rows_over_adjacent_ctas(monkeypatch):
+def test_planned_grid_deals_a_splits_rows_over_adjacent_ctas(planning):
     """The launch a planned call makes (tests/test_ops.py's CPU planning: a 132-SM sm_90, stand-in
     modules): x = splits x row_split, and choose_splits sees row_split x the CTAs."""
-    from tests.test_ops import HKV, HQ, QB, _plan, planning, trtllm_pool_case
-
-    cb_, backend = planning.__wrapped__(monkeypatch)
+    cb_, backend = planning
     case, _ = trtllm_pool_case("cpu", batch=1, max_pages=32, num_pages=40)
     rs = backend.with_params(row_split=2)
     _, plan = _plan(cb_, rs, case)
