@@ -76,6 +76,9 @@ class Params:
     row_split: int = 1  # CTAs a (request, KV head, split) deals its Qb*G packed rows over, each
     # reading the same K/V (the others from L2): laguna's 144 rows as 3 one-warpgroup CTAs of 48
     # (`num_warps`, drafter_attention.cu ROW_SPLIT; `row_split_reason`)
+    lean: bool = False  # fewer instructions a tile: a cp.async context tile's copies from one base
+    # address (pages of a tile or more, the arena), and the softmax scale folded into exp2's FMA
+    # (drafter_attention.cu LEAN)
 
     def smem_bytes(self, head_dim: int, warps: int, wgmma: bool = False,
                    page_size: int | None = None) -> int:
@@ -517,6 +520,7 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "tma": [False, True],
         "combine": [1, 2],
         "row_split": [1, 2, 3],
+        "lean": [False, True],
     }
 
 
@@ -564,6 +568,8 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         defines["COMBINE_CTA"] = 1
     if params.row_split > 1:  # named only when on: the other variants keep their defines
         defines["ROW_SPLIT"] = params.row_split
+    if params.lean:
+        defines["LEAN"] = 1
     return defines
 
 

@@ -15,7 +15,9 @@
 // tensor copies, which land already swizzled and complete on a shared-memory barrier, instead
 // of every thread's cp.async; see the #if TMA_LOADS blocks), ROW_SPLIT (the Qb*G rows of a
 // (request, KV head) dealt over ROW_SPLIT CTAs of ceil(Qb*G / ROW_SPLIT) rows each, which read
-// the same K/V: laguna's 144 rows as 3 CTAs of one warpgroup instead of one of 3 warpgroups).
+// the same K/V: laguna's 144 rows as 3 CTAs of one warpgroup instead of one of 3 warpgroups),
+// LEAN (a cp.async context tile's copies from one base address where the tile lies in one page
+// or the arena slot; scores kept raw until exp2, whose FMA applies the scale).
 //
 // One CTA = one (request b, KV head, KV split). Its Qb*G query rows (all query heads sharing the KV
 // head, for every block position) form one M-tile, so each K/V byte is read once per split and
@@ -32,6 +34,9 @@
 #endif
 #ifndef ROW_SPLIT
 #define ROW_SPLIT 1  // CTAs a (request, KV head, split) deals its packed query rows over
+#endif
+#ifndef LEAN
+#define LEAN 0  // fewer instructions a tile: see the LEAN blocks (issue, the softmax)
 #endif
 // cache_offset, and the drafter_combine / drafter_store kernels of this module
 #include "combine_store.cuh"
@@ -104,6 +109,11 @@ DRAFTER_HD __forceinline__ int load_col(int tid, int it) {
   if (WARP_ROWS) return ((it / QPW) * 8 + (tid & 7)) * 8;
   return ((((tid >> 5) + NUM_WARPS * it) / QUADS) * 8 + (tid & 7)) * 8;
 }
+// The interleaved mapping's load iterations in steps of LOAD_QS (0 where it does not apply):
+// warp < NUM_WARPS and NUM_WARPS | QUADS, so (warp + NUM_WARPS * it) % QUADS is the thread's
+// first quad plus NUM_WARPS * (it % LOAD_QS), its half it / LOAD_QS; the compiler cannot see
+// that (warp is a runtime value) and recomputes the modulo per copy. LEAN writes it out.
+constexpr int LOAD_QS = GROUPED && !WARP_ROWS ? QUADS / NUM_WARPS : 0;
 DRAFTER_HD __forceinline__ int tile_off(int row, int col) {
   const int c = col >> 3;
   return (c >> 3) * HALF_ELEMS + row * 64 + (((c & 7) ^ (row & 7)) << 3);
@@ -176,6 +186,7 @@ DRAFTER_HD __forceinline__ int load_row(int tid, int it) {
   return CONTIG ? (tid / CPR) * ITERS + it : (tid + it * NT) / CPR;
 }
 DRAFTER_HD __forceinline__ int load_col(int tid, int it) { return (tid % CPR) * 8; }
+constexpr int LOAD_QS = 0;  // rows are affine in the iteration already (CONTIG)
 DRAFTER_HD __forceinline__ int tile_off(int row, int col) { return row * ROW_STRIDE + col; }
 DRAFTER_HD __forceinline__ int page_row(int tid, int j) {
   return PG == 1 ? load_row(tid, 0) : load_row(tid, j);
@@ -187,6 +198,8 @@ constexpr bool ID_RING = false;
 constexpr int ID_SLOTS = 1;
 static_assert(!TMA_LOADS, "TMA needs the wgmma path");
 #endif
+
+constexpr int LOAD_QS_1 = LOAD_QS > 0 ? LOAD_QS : 1;  // a divisor where LOAD_QS is 0
 
 // Packed query row of a thread's accumulator rows: half 0 holds row g = lane / 4 of its warp's
 // 16 (this), half 1 row g + 8 (the m16n8 C layout; on the wgmma path warp w's rows are rows
@@ -330,6 +343,36 @@ __device__ __forceinline__ void attention_body(
   };
   auto issue = [&](int v, int kstage, int vstage, const int (&pgr)[PGR]) {
     if (SKIP_LOADS) return;
+#if LEAN
+    // LEAN, a context tile that lies in one page (pages of a tile or more) or in the arena slot:
+    // one base address a tile and a fixed per-thread offset a copy, which fold into the copies'
+    // address arithmetic, instead of the page-id select, cache_offset and the block-or-context
+    // choice per copy (about 45 instructions for every 2 copies, measured in the SASS).
+    if ((PAGE_SIZE == 0 || PAGE_SIZE >= N) && v < n_ctx_here) {
+      const int kstart = (t0 + v) * N;
+      const long long base = cache_offset(pgr[0], kvh, hkv, kstart, loc_stride);
+      const elem_t* tK = k_cache + base;
+      const elem_t* tV = v_cache + base;
+      const int rows_left = P - kstart;  // rows at or past it are zero-filled, not read
+      const int key_stride = PAGE_SIZE > 0 ? D : hkv * D;  // elements from one key to the next
+      elem_t* dK = sK + kstage * TILE_ELEMS;
+      elem_t* dV = sV + vstage * TILE_ELEMS;
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        if (CONTIG || CHUNKS % NT == 0 || tid + it * NT < CHUNKS) {
+          const int row = LOAD_QS ? load_row(tid, 0) + 4 * NUM_WARPS * (it % LOAD_QS_1) : load_row(tid, it);
+          const int col = LOAD_QS ? load_col(tid, 0) + 64 * (it / LOAD_QS_1) : load_col(tid, it);
+          const bool valid = row < rows_left;
+          // A page holds every row of the tile, so any row's address is inside the pool; the
+          // arena's last slot can end inside the tile: rows past the context point at row 0.
+          const int off = (PAGE_SIZE > 0 || valid ? row * key_stride : 0) + col;
+          cp_async_16(dK + tile_off(row, col), tK + off, valid);
+          cp_async_16(dV + tile_off(row, col), tV + off, valid);
+        }
+      }
+      return;
+    }
+#endif
 #if WGMMA && PAGE_SIZE > 0 && PAGE_SIZE < TILE_N
     int pg[PG];
 #pragma unroll
@@ -645,7 +688,7 @@ __device__ __forceinline__ void attention_body(
       for (int n = 0; n < NTILES; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float x = sc[n][e] * scale_log2;
+          float x = LEAN ? sc[n][e] : sc[n][e] * scale_log2;
           if (need_mask) {
             const int col = n * 8 + 2 * t4 + (e & 1);
             const int i = e < 2 ? i0 : i1;
@@ -676,6 +719,10 @@ __device__ __forceinline__ void attention_body(
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
+      if (LEAN) {  // the scores are raw: scale_log2 > 0, so the scaled max is the max scaled
+        mx0 *= scale_log2;
+        mx1 *= scale_log2;
+      }
       const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
       const float base0 = mn0 == -INFINITY ? 0.f : mn0;  // a fully masked row stays at zero
       const float base1 = mn1 == -INFINITY ? 0.f : mn1;
@@ -685,10 +732,10 @@ __device__ __forceinline__ void attention_body(
       float ps0 = 0.f, ps1 = 0.f;
 #pragma unroll
       for (int n = 0; n < NTILES; ++n) {
-        sc[n][0] = fast_exp2(sc[n][0] - base0);
-        sc[n][1] = fast_exp2(sc[n][1] - base0);
-        sc[n][2] = fast_exp2(sc[n][2] - base1);
-        sc[n][3] = fast_exp2(sc[n][3] - base1);
+        sc[n][0] = fast_exp2(LEAN ? fmaf(sc[n][0], scale_log2, -base0) : sc[n][0] - base0);
+        sc[n][1] = fast_exp2(LEAN ? fmaf(sc[n][1], scale_log2, -base0) : sc[n][1] - base0);
+        sc[n][2] = fast_exp2(LEAN ? fmaf(sc[n][2], scale_log2, -base1) : sc[n][2] - base1);
+        sc[n][3] = fast_exp2(LEAN ? fmaf(sc[n][3], scale_log2, -base1) : sc[n][3] - base1);
         ps0 += sc[n][0] + sc[n][1];
         ps1 += sc[n][2] + sc[n][3];
       }
@@ -831,7 +878,7 @@ __device__ __forceinline__ void attention_body(
     for (int n = 0; n < NTILES; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float x = s[n][e] * scale_log2;
+        float x = LEAN ? s[n][e] : s[n][e] * scale_log2;
         if (need_mask) {
           const int col = n * 8 + 2 * t4 + (e & 1);
           const int i = e < 2 ? i0 : i1;
@@ -862,6 +909,10 @@ __device__ __forceinline__ void attention_body(
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
+    if (LEAN) {  // the scores are raw: scale_log2 > 0, so the scaled max is the max scaled
+      mx0 *= scale_log2;
+      mx1 *= scale_log2;
+    }
     const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
     const float base0 = mn0 == -INFINITY ? 0.f : mn0;  // a fully masked row stays at zero
     const float base1 = mn1 == -INFINITY ? 0.f : mn1;
@@ -871,10 +922,10 @@ __device__ __forceinline__ void attention_body(
     float ps0 = 0.f, ps1 = 0.f;
 #pragma unroll
     for (int n = 0; n < NTILES; ++n) {
-      s[n][0] = fast_exp2(s[n][0] - base0);
-      s[n][1] = fast_exp2(s[n][1] - base0);
-      s[n][2] = fast_exp2(s[n][2] - base1);
-      s[n][3] = fast_exp2(s[n][3] - base1);
+      s[n][0] = fast_exp2(LEAN ? fmaf(s[n][0], scale_log2, -base0) : s[n][0] - base0);
+      s[n][1] = fast_exp2(LEAN ? fmaf(s[n][1], scale_log2, -base0) : s[n][1] - base0);
+      s[n][2] = fast_exp2(LEAN ? fmaf(s[n][2], scale_log2, -base1) : s[n][2] - base1);
+      s[n][3] = fast_exp2(LEAN ? fmaf(s[n][3], scale_log2, -base1) : s[n][3] - base1);
       ps0 += s[n][0] + s[n][1];
       ps1 += s[n][2] + s[n][3];
     }

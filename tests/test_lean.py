@@ -1,0 +1,73 @@
+"""CPU: `cupy:lean=1` (kernels/cuda/drafter_attention.cu LEAN; issue 11), fewer instructions a
+tile on the same algorithm. Nsight Compute's per-instruction sampling of the B=1 kernels
+(results/perf-notes.md, "Instructions a tile") found a lone warpgroup issue-bound and the
+cp.async loads of a 64-key tile costing about 45 instructions for every 2 copies: the page-id
+select, cache_offset and the block-or-context choice redone per copy. LEAN
+- issues a context tile's copies from one base address where the tile lies in one page (pages
+  of a tile or more) or in the arena slot, the per-copy offsets written out as affine in the
+  iteration;
+- keeps the scores raw until exp2, whose FMA applies the softmax scale (one FMUL a score less).
+No GPU needed: the knob is named only when on (every other variant keeps its SASS:
+tests/test_page_small.py's digests), lean variants compile without spills on every SM target and
+with fewer instructions in the tile loop. The GPU matrix (tests/test_backends_gpu.py, "cupy:lean=1"
+and "cupy:lean=1,wgmma=0") checks results on an H200.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from drafter_attn.kernels import cupy_backend as cb
+from drafter_attn.kernels import registry
+from drafter_attn.kernels import static_profile as sp
+from drafter_attn.kernels.presets import PRESETS
+from drafter_attn.kernels.spec import Problem
+
+MAIN = PRESETS["qwen3-8b-dflash-b16"]
+GPT_OSS = PRESETS["gpt-oss-20b-dflash"]
+
+
+def _compile(g, page, sm, params: dict):
+    defines = cb.variant_defines(g.dtype, g.head_dim, page, g.block_size, g.group,
+                                 cb.Params(**params), sm)
+    return defines, cb.compile_variant(defines, sm)
+
+
+def test_knob_named_only_when_on():
+    off = cb.variant_defines(MAIN.dtype, MAIN.head_dim, 64, MAIN.block_size, MAIN.group,
+                             cb.Params(), 90)
+    on = cb.variant_defines(MAIN.dtype, MAIN.head_dim, 64, MAIN.block_size, MAIN.group,
+                            cb.Params(lean=True), 90)
+    assert "LEAN" not in off and on.pop("LEAN") == 1 and on == off
+    assert cb.tunables()["lean"] == [False, True]
+    problem = Problem(MAIN, "paged", 64, 1, 8192)
+    assert registry.from_spec("cupy:lean=1").params_for(problem, 90).lean is True
+    assert registry.from_spec("cupy").params_for(problem, 90).lean is False
+
+
+# (geometry, page, sm, params): the pipelined wgmma path at pages of a tile or more and the
+# arena (where the copies change), page 16 and TMA (only the softmax changes), mma.sync elsewhere
+CASES = [
+    (MAIN, 64, 90, {"overlap": 2}), (MAIN, 128, 90, {"overlap": 2}), (MAIN, None, 90, {"overlap": 2}),
+    (MAIN, 16, 90, {"overlap": 2}), (MAIN, 64, 90, {"overlap": 2, "tma": True}),
+    (GPT_OSS, 64, 90, {"overlap": 2}), (MAIN, 64, 100, {}), (MAIN, None, 120, {}),
+]
+
+
+@pytest.mark.parametrize("g,page,sm,params", CASES,
+                         ids=[f"{g.head_dim}-p{p}-sm{sm}-{'.'.join(ps)}" for g, p, sm, ps in CASES])
+def test_lean_compiles_without_spills_and_a_shorter_tile_loop(cache_dir, g, page, sm, params):
+    if sp.cuobjdump_path() is None:
+        pytest.skip("cuobjdump not installed")
+    loops = {}
+    for lean in (False, True):
+        _, res = _compile(g, page, sm, {**params, "lean": lean})
+        if lean:
+            assert res.spills == 0, f"LEAN spills {res.spills} bytes"
+        text = sp.sass_text(str(res.cubin_path), "drafter_attention")
+        loops[lean] = sp.main_loop(sp.sass_instructions(text)["drafter_attention"])
+    # measured with NVRTC 13.0: 7-19% fewer loop instructions (the copies' share where they change)
+    assert len(loops[True]) < 0.97 * len(loops[False]), (len(loops[True]), len(loops[False]))
+    fmul = {k: sum(x["text"].startswith("FMUL") for x in v) for k, v in loops.items()}
+    assert fmul[True] < fmul[False]  # the scale is in exp2's FMA
+
