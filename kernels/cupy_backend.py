@@ -89,7 +89,7 @@ class Params:
         q_warps = cta_warps if self.q_smem else 0
         return (smem_bytes(self.tile_n, self.stages, head_dim, q_warps, wgmma, self.overlap)
                 + id_ring_bytes(self.tile_n, self.stages, head_dim, cta_warps, page_size,
-                                wgmma and bool(self.overlap) and not self.tma)
+                                wgmma and bool(self.overlap) and not self.tma, self.lean)
                 + (tma_bytes(self.stages, cta_warps) if self.tma else 0))
 
 
@@ -104,14 +104,17 @@ def smem_bytes(tile_n: int, stages: int, head_dim: int, q_warps: int = 0,
 
 
 def id_ring_bytes(tile_n: int, stages: int, head_dim: int, warps: int, page_size: int | None,
-                  overlap: bool) -> int:
+                  overlap: bool, lean: bool = False) -> int:
     """Shared memory of the page-id ring of the pipelined wgmma path at pages smaller than a
     tile (drafter_attention.cu, ID_RING): STAGES + 1 slots of `warps` x PG ids, PG the page ids
     a warp's rows of a tile span (its `PG`: rows a warp loads per 64-column half over the page
-    size where the warps divide the tile's 4-row quads, else one per load iteration)."""
-    if not (overlap and page_size and page_size < tile_n):
+    size where the warps divide the tile's 4-row quads, else one per load iteration). `lean`
+    (LEAN) takes the ring at pages of a tile or more too, one id a warp."""
+    if not (overlap and page_size and (page_size < tile_n or lean)):
         return 0
-    if (tile_n // 4) % warps == 0:
+    if page_size >= tile_n:
+        pg = 1
+    elif (tile_n // 4) % warps == 0:
         pg = max(1, tile_n // warps // page_size)
     else:
         pg = -(-tile_n * head_dim // 8 // (warps * 32))
@@ -656,7 +659,7 @@ def _load(index: int, defines_items: tuple) -> Module:
     smem += id_ring_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
                           defines["NUM_WARPS"], defines["PAGE_SIZE"],
                           bool(defines["WGMMA"] and defines.get("OVERLAP", 0)
-                               and not defines.get("TMA_LOADS", 0)))
+                               and not defines.get("TMA_LOADS", 0)), bool(defines.get("LEAN", 0)))
     if defines.get("TMA_LOADS", 0):
         smem += tma_bytes(defines["STAGES"], defines["NUM_WARPS"])
     return load_cubin(index, result.cubin_path, smem, defines["NUM_WARPS"] * 32)
