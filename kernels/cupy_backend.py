@@ -79,6 +79,8 @@ class Params:
     lean: bool = False  # fewer instructions a tile: a cp.async context tile's copies from one base
     # address (pages of a tile or more, the arena), and the softmax scale folded into exp2's FMA
     # (drafter_attention.cu LEAN)
+    ctas_per_sm: int = 0  # CTAs an SM the split model plans a wave with: 0 as many as fit, else at
+    # most this many (host only: one CTA an SM gives each CTA more tiles; `plan_splits`)
 
     def smem_bytes(self, head_dim: int, warps: int, wgmma: bool = False,
                    page_size: int | None = None) -> int:
@@ -524,6 +526,7 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "combine": [1, 2],
         "row_split": [1, 2, 3],
         "lean": [False, True],
+        "ctas_per_sm": [0, 1, 2],
     }
 
 
@@ -1057,10 +1060,12 @@ class CupyBackend:
         planned = dims.plan_ctx
         kv_tokens = planned if dims.mask == "full" else min(planned, dims.window)
         num_sms, sm = device_info(index)
+        resident = mod.resident_ctas(sm_budget(sm).smem_sm)
+        if getattr(params, "ctas_per_sm", 0):
+            resident = min(resident, params.ctas_per_sm)
         # row_split CTAs per (request, KV head) split: the wave model counts them all
         return choose_splits(dims.batch * getattr(params, "row_split", 1), dims.num_kv_heads,
-                             kv_tokens, params.tile_n, num_sms,
-                             mod.resident_ctas(sm_budget(sm).smem_sm))
+                             kv_tokens, params.tile_n, num_sms, resident)
 
     def _plan_attention(self, key, dims, layout, args) -> AttentionPlan:
         q, _, _, k_cache, v_cache, table, _, out = args

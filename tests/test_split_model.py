@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("cupy")
 
 from drafter_attn.kernels.cupy_backend import _Module, choose_splits  # noqa: E402
+from tests.test_ops import planning  # noqa: E402,F401 (fixture)
 
 H200_SMS = 132
 
@@ -66,3 +67,33 @@ def test_more_splits_only_when_they_shorten_the_step():
 def test_resident_ctas(smem, regs, threads, resident):
     mod = _Module(attention=None, combine=None, store=None, smem=smem, regs=regs, threads=threads)
     assert mod.resident_ctas() == resident
+
+
+def test_ctas_per_sm_caps_the_waves_slots(planning, monkeypatch):
+    """`ctas_per_sm=1` plans one CTA an SM (each CTA more tiles): at B=1 ctx 8k on the H200 with
+    cupy:lean=1, 16 splits ran 4.8% faster than the 33 of two an SM
+    (results/sm90-2026-12-02/lean/)."""
+    from tests.test_ops import HKV, _plan, trtllm_pool_case
+
+
+    assert choose_splits(1, 8, 8192, 64, H200_SMS, 1) == 16  # that shape: one CTA an SM
+    assert choose_splits(1, 8, 8192, 64, H200_SMS, 2) == 33
+    cb_, backend = planning
+    monkeypatch.setattr(cb_, "device_info", lambda index: (16, 90))  # a small GPU: caps bind
+    case, _ = trtllm_pool_case("cpu", batch=1, max_pages=512, num_pages=520)
+    resident = cb_.Module(0, 0, 0, 60_000, 128, 128).resident_ctas()
+    assert resident == 3  # the stand-in modules' shared memory
+    splits = {}
+    for cap, slots in ((0, resident), (1, 1), (2, 2)):
+        _, plan = _plan(cb_, backend.with_params(ctas_per_sm=cap), case)
+        splits[cap] = plan.splits
+        assert plan.splits == choose_splits(1, HKV, 512 * 16, 64, 16, slots), cap
+    assert splits[1] < splits[2] < splits[0]
+
+
+def test_ctas_per_sm_takes_the_tunables_values():
+    from drafter_attn.kernels import registry
+
+    assert registry.from_spec("cupy:ctas_per_sm=1").with_params(ctas_per_sm=2) is not None
+    with pytest.raises(ValueError, match="ctas_per_sm=-1 must be one of"):
+        registry.from_spec("cupy:ctas_per_sm=-1")
