@@ -4,7 +4,8 @@
 // id is the one the thread looked up (page_row of its page_slot, and on the WARP_ROWS path the id
 // lane j looked up for slot j); a warp instruction reads whole 128-byte row segments and writes
 // shared memory without bank conflicts (wgmma layout); and the number of page ids per thread
-// is what the kernel holds (PG, PGR); and the packed query rows (query_row, row_share): every
+// is what the kernel holds (PG, PGR); LEAN's affine rows and columns (lean_row, lean_col) are
+// load_row's and load_col's; and the packed query rows (query_row, row_share): every
 // output element of the M = Qb * G rows stored once, also when ROW_SPLIT CTAs share them, the
 // padding rows never.
 #define DRAFTER_LAYOUTS_ONLY 1
@@ -36,6 +37,8 @@ int main() {
     for (int it = 0; it < ITERS; ++it) {
       if (!(CONTIG || CHUNKS % NT == 0 || tid + it * NT < CHUNKS)) continue;
       const int row = load_row(tid, it), col = load_col(tid, it);
+      if (lean_row(tid, it) != row || lean_col(tid, it) != col)  // LEAN's affine form
+        fail("lean row/col", tid, it, lean_row(tid, it) * 1000 + lean_col(tid, it), row * 1000 + col);
       if (row < 0 || row >= N || col < 0 || col >= D || col % 8) {
         fail("row/col range", tid, it, row, col);
         continue;

@@ -203,6 +203,14 @@ static_assert(!TMA_LOADS, "TMA needs the wgmma path");
 #endif
 
 constexpr int LOAD_QS_1 = LOAD_QS > 0 ? LOAD_QS : 1;  // a divisor where LOAD_QS is 0
+// LEAN's copies: load_row / load_col written out as affine in `it` where LOAD_QS applies
+// (tests/drafter_layout_check.cu checks they agree for every thread and iteration)
+DRAFTER_HD __forceinline__ int lean_row(int tid, int it) {
+  return LOAD_QS ? load_row(tid, 0) + 4 * NUM_WARPS * (it % LOAD_QS_1) : load_row(tid, it);
+}
+DRAFTER_HD __forceinline__ int lean_col(int tid, int it) {
+  return LOAD_QS ? load_col(tid, 0) + 64 * (it / LOAD_QS_1) : load_col(tid, it);
+}
 
 // Packed query row of a thread's accumulator rows: half 0 holds row g = lane / 4 of its warp's
 // 16 (this), half 1 row g + 8 (the m16n8 C layout; on the wgmma path warp w's rows are rows
@@ -363,8 +371,7 @@ __device__ __forceinline__ void attention_body(
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
         if (CONTIG || CHUNKS % NT == 0 || tid + it * NT < CHUNKS) {
-          const int row = LOAD_QS ? load_row(tid, 0) + 4 * NUM_WARPS * (it % LOAD_QS_1) : load_row(tid, it);
-          const int col = LOAD_QS ? load_col(tid, 0) + 64 * (it / LOAD_QS_1) : load_col(tid, it);
+          const int row = lean_row(tid, it), col = lean_col(tid, it);
           const bool valid = row < rows_left;
           // A page holds every row of the tile, so any row's address is inside the pool; the
           // arena's last slot can end inside the tile: rows past the context point at row 0.
