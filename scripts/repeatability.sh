@@ -12,7 +12,7 @@
 #   repeat.png    the figure: histogram of B/A - 1 per candidate, and the flips
 #   sweeps.log    both sweeps' output, seconds per run, rows and measuring seconds per status
 #
-# The default spec: 36 keys, 297 candidates (279 before the row_split set, 243 before the combine sets, 207 before the TMA sets); about 3.5 minutes a run on one H200 (the kernels are
+# The default spec: 36 keys, 369 candidates (297 before the two lean sets, 279 before the row_split set, 243 before the combine sets, 207 before the TMA sets); about 3.5 minutes a run on one H200 (the kernels are
 # precompiled in parallel first), 7-8 minutes in all. Each sweep is capped at $SWEEP_S seconds
 # (default 255) by SIGINT, which keeps every finished row, so the script ends within 10 minutes;
 # a capped second run is compared over the keys both runs reached (the report says how many).

@@ -89,3 +89,7 @@ def test_lean_page_ids_come_through_shared_memory(cache_dir, page):
         assert loads["ldg"] == ldg and loads["ldgsts"] > 0, loads
     assert cb.id_ring_bytes(64, 3, 128, 4, page, True, lean=True) == 4 * 4 * 4
     assert cb.id_ring_bytes(64, 3, 128, 4, page, True) == 0
+    # the ring's 64 bytes keep two main-preset CTAs an SM (228 KB, 1 KB reserved a CTA)
+    need = cb.Params(lean=True, overlap=2).smem_bytes(128, 4, True, page)
+    assert need == cb.Params(overlap=2).smem_bytes(128, 4, True, page) + 64
+    assert 2 * (need + 1024) <= 228 * 1024

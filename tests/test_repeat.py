@@ -147,9 +147,9 @@ def test_the_repeat_spec_swept_twice_then_compared(tmp_path, monkeypatch):
     for run, seed in (("a", 1), ("b", 2)):
         out = run_sweep(cands, tmp_path / f"{run}.db", devices=[None], measure="sweep_fakes:measure_noisy",
                         fingerprint="sweep_fakes:node_fingerprint", options=dict(seed=seed), progress=False)
-        assert out.by_status == {"ok": 297}
+        assert out.by_status == {"ok": 369}
     rep = repeat.compare_paths(tmp_path / "a.db", tmp_path / "b.db")
     s = rep["summary"]
-    assert (s["keys"], s["candidates"], s["keys_only_a"], s["candidates_only_b"]) == (36, 297, 0, 0)
+    assert (s["keys"], s["candidates"], s["keys_only_a"], s["candidates_only_b"]) == (36, 369, 0, 0)
     assert 0.003 < s["spread_median"] < 0.02  # |N(0, 1%) - N(0, 1%)|: median about 0.95%
     assert s["same_winner_share"] >= 0.8 and s["flips"] == s["keys"] - s["same_winner"]
