@@ -42,7 +42,5 @@ echo "splits table rc=$? after ${SECONDS}s" | tee -a "$OUT/summary.txt"
 tar czf "$OUT/logs.tgz" -C "$OUT" precompile.log table.log table_splits.log splits \
   attention.csv attention.json attention.md attention_rounds.csv
 rm -rf "$OUT/splits" "$OUT"/table*.log "$OUT/precompile.log" "$OUT"/attention.* "$OUT/attention_rounds.csv"
-for f in "$OUT/attention_rounds.md"; do
-  [ -f "$f" ] && cut -c1-250 "$f" | tail -n 30
-done
+[ -f "$OUT/attention_rounds.md" ] && cut -c1-250 "$OUT/attention_rounds.md" | tail -n 30
 tar xzf "$OUT/logs.tgz" -O splits/attention_rounds.md 2>/dev/null | cut -c1-200 | tail -n 10

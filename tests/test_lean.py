@@ -23,48 +23,39 @@ import pytest
 from drafter_attn.kernels import cupy_backend as cb
 from drafter_attn.kernels import registry
 from drafter_attn.kernels import static_profile as sp
-from drafter_attn.kernels.presets import PRESETS
+from drafter_attn.kernels.presets import MAIN_PRESET, PRESETS
 from drafter_attn.kernels.spec import Problem
-
-MAIN = PRESETS["qwen3-8b-dflash-b16"]
-GPT_OSS = PRESETS["gpt-oss-20b-dflash"]
-
-
-def _compile(g, page, sm, params: dict):
-    defines = cb.variant_defines(g.dtype, g.head_dim, page, g.block_size, g.group,
-                                 cb.Params(**params), sm)
-    return defines, cb.compile_variant(defines, sm)
+from tests.test_page_small import GPT_OSS, _compile, _defines
 
 
 def test_knob_named_only_when_on():
-    off = cb.variant_defines(MAIN.dtype, MAIN.head_dim, 64, MAIN.block_size, MAIN.group,
-                             cb.Params(), 90)
-    on = cb.variant_defines(MAIN.dtype, MAIN.head_dim, 64, MAIN.block_size, MAIN.group,
-                            cb.Params(lean=True), 90)
+    off = _defines(MAIN_PRESET, 64, 90, {})
+    on = _defines(MAIN_PRESET, 64, 90, {"lean": True})
     assert "LEAN" not in off and on.pop("LEAN") == 1 and on == off
     assert cb.tunables()["lean"] == [False, True]
-    problem = Problem(MAIN, "paged", 64, 1, 8192)
+    problem = Problem(PRESETS[MAIN_PRESET], "paged", 64, 1, 8192)
     assert registry.from_spec("cupy:lean=1").params_for(problem, 90).lean is True
     assert registry.from_spec("cupy").params_for(problem, 90).lean is False
 
 
-# (geometry, page, sm, params): the pipelined wgmma path at pages of a tile or more and the
+# (preset, page, sm, params): the pipelined wgmma path at pages of a tile or more and the
 # arena (where the copies change), page 16 and TMA (only the softmax changes), mma.sync elsewhere
 CASES = [
-    (MAIN, 64, 90, {"overlap": 2}), (MAIN, 128, 90, {"overlap": 2}), (MAIN, None, 90, {"overlap": 2}),
-    (MAIN, 16, 90, {"overlap": 2}), (MAIN, 64, 90, {"overlap": 2, "tma": True}),
-    (GPT_OSS, 64, 90, {"overlap": 2}), (MAIN, 64, 100, {}), (MAIN, None, 120, {}),
+    (MAIN_PRESET, 64, 90, {"overlap": 2}), (MAIN_PRESET, 128, 90, {"overlap": 2}),
+    (MAIN_PRESET, None, 90, {"overlap": 2}), (MAIN_PRESET, 16, 90, {"overlap": 2}),
+    (MAIN_PRESET, 64, 90, {"overlap": 2, "tma": True}), (GPT_OSS, 64, 90, {"overlap": 2}),
+    (MAIN_PRESET, 64, 100, {}), (MAIN_PRESET, None, 120, {}),
 ]
 
 
-@pytest.mark.parametrize("g,page,sm,params", CASES,
-                         ids=[f"{g.head_dim}-p{p}-sm{sm}-{'.'.join(ps)}" for g, p, sm, ps in CASES])
-def test_lean_tile_loop_is_shorter_and_does_not_spill(cache_dir, g, page, sm, params):
+@pytest.mark.parametrize("preset,page,sm,params", CASES, ids=[
+    f"{PRESETS[g].head_dim}-p{p}-sm{sm}-{'.'.join(ps)}" for g, p, sm, ps in CASES])
+def test_lean_tile_loop_is_shorter_and_does_not_spill(cache_dir, preset, page, sm, params):
     if sp.cuobjdump_path() is None:
         pytest.skip("cuobjdump not installed")
     loops = {}
     for lean in (False, True):
-        _, res = _compile(g, page, sm, {**params, "lean": lean})
+        res = _compile(preset, page, sm, {**params, "lean": lean})
         text = sp.sass_text(str(res.cubin_path), "drafter_attention")
         loops[lean] = sp.main_loop(sp.sass_instructions(text)["drafter_attention"])
         # (pages of a tile or more on sm_90a spill 24-36 bytes around the loop, one store before
@@ -76,7 +67,6 @@ def test_lean_tile_loop_is_shorter_and_does_not_spill(cache_dir, g, page, sm, pa
     assert fmul[True] < fmul[False]  # the scale is in exp2's FMA
 
 
-
 @pytest.mark.parametrize("page", [64, 128, 256])
 def test_lean_page_ids_come_through_shared_memory(cache_dir, page):
     """Without the ring, LEAN's base address made ptxas wait for the page-id load at the top of
@@ -84,7 +74,7 @@ def test_lean_page_ids_come_through_shared_memory(cache_dir, page):
     if sp.cuobjdump_path() is None:
         pytest.skip("cuobjdump not installed")
     for lean, ldg in ((False, 1), (True, 0)):
-        _, res = _compile(MAIN, page, 90, {"overlap": 2, "lean": lean})
+        res = _compile(MAIN_PRESET, page, 90, {"overlap": 2, "lean": lean})
         loads = sp.loop_global_loads(sp.sass_text(str(res.cubin_path), "drafter_attention"))
         assert loads["ldg"] == ldg and loads["ldgsts"] > 0, loads
     assert cb.id_ring_bytes(64, 3, 128, 4, page, True, lean=True) == 4 * 4 * 4

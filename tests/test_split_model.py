@@ -75,7 +75,6 @@ def test_ctas_per_sm_caps_the_waves_slots(planning, monkeypatch):
     (results/sm90-2026-12-02/lean/)."""
     from tests.test_ops import HKV, _plan, trtllm_pool_case
 
-
     assert choose_splits(1, 8, 8192, 64, H200_SMS, 1) == 16  # that shape: one CTA an SM
     assert choose_splits(1, 8, 8192, 64, H200_SMS, 2) == 33
     cb_, backend = planning
