@@ -8,7 +8,7 @@
 #    head_dim 64/128, ragged lengths, bf16/fp16, forced splits, graph replay)  -> gpu_tests.log
 # 3. the attention table, one main-preset layer at B=1 2k/8k/32k, B=4 8k, B=8 8k, page 64 and
 #    the arena, two interleaved rounds: the default, lean, lean + TMA; the read floor and
-#    FlashInfer fa2 (per-shape plan) in the same run                        -> attention*
+#    FlashInfer fa2's per-shape and CUDA-graph plans in the same run      -> attention*
 # 4. fewer splits (one CTA an SM, more tiles each, where lean pays most) at B=1 8k and 32k:
 #    16 and 24 splits, default and lean                                     -> splits/
 # Files in $OUT: summary.txt, gpu_tests.log, attention_rounds.md, logs.tgz (the logs, the table's
@@ -31,7 +31,7 @@ tail -n 1 "$OUT/gpu_tests.log" | tee -a "$OUT/summary.txt"
 
 mkdir -p "$OUT/splits"
 timeout -s INT -k 10 "$(clamp $(( $(left) - 150 )) 240 30)" \
-  python3 -m drafter_attn.bench.attention_table --baseline flashinfer-fa2 \
+  python3 -m drafter_attn.bench.attention_table --baseline flashinfer-fa2,flashinfer-fa2-graph \
   --shapes 1x2k,1x8k,1x32k,4x8k,8x8k --page 64 --rounds 2 --impl "$IMPLS" \
   --db "$db" --out "$OUT" > "$OUT/table.log" 2>&1
 echo "table rc=$? after ${SECONDS}s" | tee -a "$OUT/summary.txt"
