@@ -8,15 +8,13 @@ select, cache_offset and the block-or-context choice redone per copy. LEAN
   iteration;
 - keeps the scores raw until exp2, whose FMA applies the softmax scale (one FMUL a score less).
 No GPU needed: the knob is named only when on (every other variant keeps its SASS:
-tests/test_page_small.py's digests), lean variants compile without spills in the tile loop on
-every SM target and with fewer instructions there, and the pipelined path at pages of a tile or
+tests/test_page_small.py's digests), lean variants compile without spills on every SM target
+and with fewer instructions in the tile loop, and the pipelined path at pages of a tile or
 more reads its page ids from the shared-memory ring, not by a load the next wgmma waits for. The GPU matrix (tests/test_backends_gpu.py, "cupy:lean=1"
 and "cupy:lean=1,wgmma=0") checks results on an H200.
 """
 
 from __future__ import annotations
-
-import re
 
 import pytest
 
@@ -50,17 +48,16 @@ CASES = [
 
 @pytest.mark.parametrize("preset,page,sm,params", CASES, ids=[
     f"{PRESETS[g].head_dim}-p{p}-sm{sm}-{'.'.join(ps)}" for g, p, sm, ps in CASES])
-def test_lean_tile_loop_is_shorter_and_does_not_spill(cache_dir, preset, page, sm, params):
+def test_lean_compiles_without_spills_and_a_shorter_tile_loop(cache_dir, preset, page, sm, params):
     if sp.cuobjdump_path() is None:
         pytest.skip("cuobjdump not installed")
     loops = {}
     for lean in (False, True):
         res = _compile(preset, page, sm, {**params, "lean": lean})
+        if lean:
+            assert res.spills == 0, f"LEAN spills {res.spills} bytes"
         text = sp.sass_text(str(res.cubin_path), "drafter_attention")
         loops[lean] = sp.main_loop(sp.sass_instructions(text)["drafter_attention"])
-        # (pages of a tile or more on sm_90a spill 24-36 bytes around the loop, one store before
-        # and two loads after it, with NVRTC 13.0: none inside it)
-        assert not [x for x in loops[lean] if re.search(r"\b(LDL|STL)\b", x["text"])]
     # measured with NVRTC 13.0: 5-18% fewer loop instructions (5% with TMA: only the softmax)
     assert len(loops[True]) < 0.97 * len(loops[False]), (len(loops[True]), len(loops[False]))
     fmul = {k: sum(x["text"].startswith("FMUL") for x in v) for k, v in loops.items()}

@@ -364,20 +364,26 @@ __device__ __forceinline__ void attention_body(
       const long long base = cache_offset(pgr[0], kvh, hkv, kstart, loc_stride);
       const elem_t* tK = k_cache + base;
       const elem_t* tV = v_cache + base;
-      const int rows_left = P - kstart;  // rows at or past it are zero-filled, not read
       const int key_stride = PAGE_SIZE > 0 ? D : hkv * D;  // elements from one key to the next
-      elem_t* dK = sK + kstage * TILE_ELEMS;
-      elem_t* dV = sV + vstage * TILE_ELEMS;
+      // the thread's first copy; the others at offsets that are constants where LOAD_QS applies
+      const int row0 = lean_row(tid, 0), col0 = lean_col(tid, 0);
+      const int rows_left = P - kstart - row0;  // copies of rows at or past it are zero-filled
+      const elem_t* gK = tK + row0 * key_stride + col0;
+      const elem_t* gV = tV + row0 * key_stride + col0;
+      elem_t* dK = sK + kstage * TILE_ELEMS + tile_off(row0, col0);
+      elem_t* dV = sV + vstage * TILE_ELEMS + tile_off(row0, col0);
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
         if (CONTIG || CHUNKS % NT == 0 || tid + it * NT < CHUNKS) {
-          const int row = lean_row(tid, it), col = lean_col(tid, it);
-          const bool valid = row < rows_left;
+          const int dr = lean_row(tid, it) - row0, dc = lean_col(tid, it) - col0;
+          const bool valid = dr < rows_left;
           // A page holds every row of the tile, so any row's address is inside the pool; the
           // arena's last slot can end inside the tile: rows past the context point at row 0.
-          const int off = (PAGE_SIZE > 0 || valid ? row * key_stride : 0) + col;
-          cp_async_16(dK + tile_off(row, col), tK + off, valid);
-          cp_async_16(dV + tile_off(row, col), tV + off, valid);
+          const int off = (PAGE_SIZE > 0 || valid ? dr * key_stride : -row0 * key_stride) + dc;
+          // row0 + dr keeps row0's row % 8 (dr is a multiple of 8), so the swizzle is row0's
+          const int soff = tile_off(row0 + dr, col0 + dc) - tile_off(row0, col0);
+          cp_async_16(dK + soff, gK + off, valid);
+          cp_async_16(dV + soff, gV + off, valid);
         }
       }
       return;
