@@ -414,7 +414,8 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     unless the overrides name `overlap` or exclude that path (`wgmma=False`). CTAs of 9-12 warps
     on SM 90 deal their rows over one-warpgroup CTAs (`_row_split_default`: laguna as 3 CTAs
     of 48 rows, each as the main preset's); `wgmma=True` takes `PADDED_WGMMA` instead (3
-    warpgroups: 32-key tiles in 8 stages, Q in registers, not pipelined). The split combine runs
+    warpgroups: 32-key tiles in 8 stages, Q in registers, not pipelined). Pipelined tiles that
+    cp.async loads (below TMA's batch and context) take `lean`. The split combine runs
     a CTA a row up to `COMBINE_CTA_MAX_ROWS` packed rows a call, a warp a row above."""
     many = MANY_WARPS
     row_split = 1 if problem is None else _row_split_default(problem, sm, overrides)
@@ -453,6 +454,14 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
                 and tma_reason(loaded, g.head_dim, warps, target) is None
                 and loaded.smem_bytes(g.head_dim, warps, True, problem.page_size) <= budget):
             return loaded
+        # cp.async tiles: lean (fewer instructions a tile, no spills; H200, page 64, same run:
+        # B=1 2k-32k 1-7% and B=4 8k 2.6% faster than without, level at B=8; the profile's
+        # B=1 rows at pages 16-128 0.98x at the median; results/perf-notes.md, "Instructions
+        # a tile")
+        lean = dataclasses.replace(pipelined, lean=True)
+        if ("lean" not in overrides
+                and lean.smem_bytes(g.head_dim, warps, True, problem.page_size) <= budget):
+            return lean
         return pipelined
     return params
 

@@ -67,9 +67,10 @@ def test_laguna_row_split_takes_the_pipelined_four_warp_path(page):
     d = _defines(LAGUNA, page, p)
     assert (d["NUM_WARPS"], d["WGMMA"], d["TILE_N"], d["ROW_SPLIT"]) == (4, 1, 64, 3)
     assert backend.supports(_problem(LAGUNA, 32, page), 90) is None
-    # below TMA_MIN_BATCH the pipelined path loads by cp.async, as the main preset's
+    # below TMA_MIN_BATCH the pipelined path loads by cp.async (lean), as the main preset's
     p1 = backend.params_for(_problem(LAGUNA, 1, page), 90)
-    assert p1 == cb.Params(overlap=cb.DEFAULT_OVERLAP, row_split=3, combine=p1.combine), p1
+    assert p1 == cb.Params(overlap=cb.DEFAULT_OVERLAP, row_split=3, combine=p1.combine,
+                           lean=True), p1
     # on SMs without wgmma: mma.sync with 4 warps and the SM's own pipeline
     p100 = backend.params_for(_problem(LAGUNA, 32, page), 100)
     d100 = _defines(LAGUNA, page, p100, 100)

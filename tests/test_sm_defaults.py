@@ -43,9 +43,9 @@ def test_every_target_has_a_budget():
 @pytest.mark.parametrize("sm", [90, None])
 def test_sm_90_defaults_are_the_measured_ones(sm):
     """What the H200 measured (and sm_90a compiles): 64-key tiles in 3 stages, software-pipelined
-    where the wgmma path runs; above 8 warps the rows dealt over one-warpgroup CTAs of that path
-    (`row_split`); cutlass 32 x 3 there. At batch 1 the split combine a CTA a row up to 1024
-    rows."""
+    where the wgmma path runs, with lean cp.async tiles below TMA's batch; above 8 warps the
+    rows dealt over one-warpgroup CTAs of that path (`row_split`); cutlass 32 x 3 there. At
+    batch 1 the split combine a CTA a row up to 1024 rows."""
     from drafter_attn.kernels import cutlass_backend as kb
 
     for name, problem in _problems():
@@ -53,12 +53,28 @@ def test_sm_90_defaults_are_the_measured_ones(sm):
         warps = cb.num_warps(g.block_size, g.group)
         pipelined = cb.DEFAULT_OVERLAP if cb.wgmma_fits(g.head_dim, warps, 64) else 0
         combine = 2 if g.block_size * g.num_q_heads <= cb.COMBINE_CTA_MAX_ROWS else 1
-        want = (cb.Params(overlap=cb.DEFAULT_OVERLAP, combine=combine, row_split=3) if warps > 8
-                else cb.Params(overlap=pipelined, combine=combine))
+        want = (cb.Params(overlap=cb.DEFAULT_OVERLAP, combine=combine, row_split=3, lean=True)
+                if warps > 8 else
+                cb.Params(overlap=pipelined, combine=combine, lean=bool(pipelined)))
         assert cb.default_params(problem, sm) == want, name
         kwant = kb.Params(32, 3, q_smem=True) if warps > 8 else kb.Params()
         assert kb.default_params(problem, sm) == kwant, name
     assert cb.default_params(None, sm) == cb.Params()
+
+
+@pytest.mark.parametrize("sm", [90, None])
+def test_lean_is_sm_90s_default_only_on_cp_async_tiles(sm):
+    """Lean where the pipelined tiles come by cp.async (batch 1-7 below TMA's context), not
+    where TMA loads them (batch 8 up, or ctx 128k up), not off SM 90, and never against an
+    override."""
+    small, large = (Problem(PRESETS[MAIN_PRESET], "paged", 64, b, 8192) for b in (1, cb.TMA_MIN_BATCH))
+    longer = Problem(PRESETS[MAIN_PRESET], "paged", 64, 1, cb.TMA_MIN_CTX)
+    assert cb.default_params(small, sm).lean and not cb.default_params(small, sm).tma
+    assert not cb.default_params(large, sm).lean and cb.default_params(large, sm).tma
+    assert not cb.default_params(longer, sm).lean
+    assert not cb.default_params(small, sm, lean=False).lean
+    assert not cb.default_params(small, sm, wgmma=False).lean
+    assert not cb.default_params(small, 100).lean
 
 
 @pytest.mark.parametrize("sm", [100, 103, 80, 87])
