@@ -21,9 +21,10 @@ from drafter_attn.kernels.spec import Geometry, Problem
 
 pytestmark = pytest.mark.gpu
 
-# Registry names, optionally with pinned params: "cupy" runs wgmma on sm_90 where the shape allows,
-# "cupy:wgmma=0" forces the mma.sync path everywhere; "cupy:overlap=1" / "=2" software-pipeline the
-# wgmma path (sm_90a only; they refuse shapes without it, e.g. 9-warp CTAs), "cupy:tma=1" loads its
+# Registry names, optionally with pinned params: "cupy" runs wgmma on sm_90 where the shape allows
+# (pipelined, lean cp.async tiles below batch 8), "cupy:wgmma=0" forces the mma.sync path
+# everywhere; "cupy:overlap=1" / "=2" software-pipeline the wgmma path without lean or TMA
+# (sm_90a only; they refuse shapes without it, e.g. 9-warp CTAs), "cupy:tma=1" loads its
 # context tiles with bulk tensor copies (the same shapes, sm_90a only), "cupy:lean=1" (and on
 # mma.sync, "cupy:lean=1,wgmma=0") issues a tile's copies from one base address and folds the
 # softmax scale into exp2 (tests/test_lean.py), "cupy:combine=1" merges
@@ -428,25 +429,37 @@ PADDED_GEOMETRIES = [
 ]
 
 
-def _padded_cases():
-    rng = random.Random(12)
+def _random_cases(geometries, count: int, seed: int, *, pages, windows, short_lens, fp16_every: int,
+                  long_at: tuple[int, int]):
+    """`count` random cases over `geometries` in turn: every mask (a window from `windows(block
+    size)`), `pages` in turn, fp16 every `fp16_every`-th case, 1-5 ragged requests of lengths
+    from `short_lens(page)` or random, and a 20k-token request beside a short one at every case
+    n with n % long_at[0] == long_at[1]."""
+    rng = random.Random(seed)
     cases = []
-    for n in range(48):
-        g = PADDED_GEOMETRIES[n % len(PADDED_GEOMETRIES)]
-        mask = ["full", "sliding", "sliding_causal"][(n // len(PADDED_GEOMETRIES)) % 3]
-        window = None if mask == "full" else rng.choice([1, g.block_size - 1, g.block_size, 37, 512, 5000])
-        page = [8, 16, 32, 64, 128, None][n % 6]
-        dtype = "bfloat16" if n % 5 else "float16"
+    for n in range(count):
+        g = geometries[n % len(geometries)]
+        mask = ["full", "sliding", "sliding_causal"][(n // len(geometries)) % 3]
+        window = None if mask == "full" else rng.choice(windows(g.block_size))
+        page = pages[n % len(pages)]
+        dtype = "bfloat16" if n % fp16_every else "float16"
         p = page or 64
-        lens = [rng.choice([0, 1, p - 1, p, p + 1, 2 * p + 3, 31, 32, 33, rng.randrange(1, 3000)])
+        lens = [rng.choice([*short_lens(p), rng.randrange(1, 3000)])
                 for _ in range(rng.choice([1, 2, 3, 5]))]
-        if n % 16 == 9:
+        if n % long_at[0] == long_at[1]:
             lens = [20000 + rng.randrange(100), 7]
         cases.append(pytest.param(g.with_(mask=mask, window=window, dtype=dtype), page, lens, n,
                                   id=f"{n}-h{g.num_q_heads}/{g.num_kv_heads}-d{g.head_dim}"
                                   f"-qb{g.block_size}-{mask}{window or ''}-p{page or 'arena'}"
                                   f"-{dtype}-{lens}"))
     return cases
+
+
+def _padded_cases():
+    return _random_cases(PADDED_GEOMETRIES, 48, 12, pages=[8, 16, 32, 64, 128, None],
+                         windows=lambda bs: [1, bs - 1, bs, 37, 512, 5000],
+                         short_lens=lambda p: [0, 1, p - 1, p, p + 1, 2 * p + 3, 31, 32, 33],
+                         fp16_every=5, long_at=(16, 9))
 
 
 @pytest.mark.parametrize("spec", PADDED_SPECS)
@@ -490,24 +503,10 @@ ROW_SPLIT_GEOMETRIES = PADDED_GEOMETRIES + [PRESETS["qwen3-8b-dflash-b16"]]  # 6
 
 
 def _row_split_cases():
-    rng = random.Random(13)
-    cases = []
-    for n in range(30):
-        g = ROW_SPLIT_GEOMETRIES[n % len(ROW_SPLIT_GEOMETRIES)]
-        mask = ["full", "sliding", "sliding_causal"][(n // len(ROW_SPLIT_GEOMETRIES)) % 3]
-        window = None if mask == "full" else rng.choice([1, g.block_size - 1, 37, 512, 5000])
-        page = [8, 16, 64, 128, None, 32][n % 6]
-        dtype = "bfloat16" if n % 4 else "float16"
-        p = page or 64
-        lens = [rng.choice([0, 1, p - 1, p, p + 1, 2 * p + 3, 33, rng.randrange(1, 3000)])
-                for _ in range(rng.choice([1, 2, 3, 5]))]
-        if n % 10 == 7:
-            lens = [20000 + rng.randrange(100), 7]
-        cases.append(pytest.param(g.with_(mask=mask, window=window, dtype=dtype), page, lens, n,
-                                  id=f"{n}-h{g.num_q_heads}/{g.num_kv_heads}-d{g.head_dim}"
-                                  f"-qb{g.block_size}-{mask}{window or ''}-p{page or 'arena'}"
-                                  f"-{dtype}-{lens}"))
-    return cases
+    return _random_cases(ROW_SPLIT_GEOMETRIES, 30, 13, pages=[8, 16, 64, 128, None, 32],
+                         windows=lambda bs: [1, bs - 1, 37, 512, 5000],
+                         short_lens=lambda p: [0, 1, p - 1, p, p + 1, 2 * p + 3, 33],
+                         fp16_every=4, long_at=(10, 7))
 
 
 @pytest.mark.parametrize("spec", ROW_SPLIT_SPECS)
