@@ -7,18 +7,19 @@
 #    "cupy:lean=1" and "cupy:lean=1,wgmma=0": every mask, pages 8-256 and the arena, GQA 1-16,
 #    head_dim 64/128, ragged lengths, bf16/fp16, forced splits, graph replay)  -> gpu_tests.log
 # 3. the attention table, one main-preset layer at B=1 2k/8k/32k, B=4 8k, B=8 8k, page 64 and
-#    the arena, two interleaved rounds: the default, lean, lean at one CTA an SM, lean + TMA;
+#    the arena, two interleaved rounds: without lean, the default (lean below batch 8), lean at
+#    one CTA an SM, lean + TMA;
 #    the read floor and FlashInfer fa2's per-shape and CUDA-graph plans in the same run
 #                                                                           -> attention*
 # 4. fewer splits (one CTA an SM, more tiles each, where lean pays most) at B=1 8k and 32k:
-#    16 and 24 splits, default and lean                                     -> splits/
+#    16 and 24 splits, without and with lean                                    -> splits/
 # Files in $OUT: summary.txt, gpu_tests.log, attention_rounds.md, logs.tgz (the logs, the table's
 # other files, splits/), extras.tgz (the profile database of the rows).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 budgeted_run gpu_lean
-IMPLS="cupy;cupy:lean=1;cupy:lean=1,ctas_per_sm=1;cupy:lean=1,tma=1"
-LONE="cupy:num_splits=16;cupy:num_splits=16,lean=1;cupy:num_splits=24;cupy:num_splits=24,lean=1"
+IMPLS="cupy:lean=0;cupy;cupy:lean=1,ctas_per_sm=1;cupy:lean=1,tma=1"
+LONE="cupy:num_splits=16,lean=0;cupy:num_splits=16,lean=1;cupy:num_splits=24,lean=0;cupy:num_splits=24,lean=1"
 
 timeout -s INT -k 10 120 python3 scripts/precompile_gpu_matrix.py cupy:lean=1 cupy:lean=1,wgmma=0 \
   --table "$IMPLS;$LONE" --page 64 > "$OUT/precompile.log" 2>&1
