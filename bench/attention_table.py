@@ -49,6 +49,13 @@ def _candidate(spec: str, geometry, layout: str, page: int | None, batch: int, c
     return Candidate(problem, name, tuple(sorted(params.items())), None, preset)
 
 
+def kernel_bytes(geometry, batch: int, ctx: int, page: int | None) -> int:
+    """The bytes one layer's attention must move at a point (its read floor's size)."""
+    from drafter_attn.tuner import roofline
+
+    return roofline.attention_bytes(geometry, [ctx] * batch, geometry.torch_dtype.itemsize, page)
+
+
 def measure_kernel(spec: str, geometry, layout: str, page: int | None, batch: int, ctx: int, *,
                    reps: int, preset: str, record) -> dict:
     """One kernel point: a one-layer step through tuner.measure, recorded; its attention half
@@ -65,7 +72,7 @@ def measure_kernel(spec: str, geometry, layout: str, page: int | None, batch: in
                reason=result.get("reason"), rel_err=result.get("rel_err"))
     if result.get("attention_median_us") is not None:  # ok, or a timed diagnostic variant
         attn = result["attention_median_us"]
-        nbytes = roofline.attention_bytes(geometry, [ctx] * batch, geometry.torch_dtype.itemsize, page)
+        nbytes = kernel_bytes(geometry, batch, ctx, page)
         floor = floors.read_floor(nbytes).median_us
         row.update(attn_us=attn, p10_us=result["attention_p10_us"], p90_us=result["attention_p90_us"],
                    read_floor_us=floor, x_floor=attn / floor, bytes=nbytes,
@@ -248,6 +255,13 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
+    # Every point's read floor first, before any kernel, baseline or profiler has run in this
+    # process: timed there they are steady (H200: within 0.7 us over fresh buffers,
+    # scripts/diag_floor.py), where the same sizes timed between the points have read 1.6-3x
+    # high (results/perf-notes.md, "The read floor, measured more than once").
+    for batch, ctx in points:
+        for page in [*args.page, None]:
+            floors.read_floor(kernel_bytes(geometry, batch, ctx, page))
     rows: list[dict] = []
     sweep_id = f"attention-table-{dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
     with ProfileDB(args.db) as db:
@@ -267,7 +281,8 @@ def main(argv=None) -> int:
         seed = 0
         for batch, ctx in points:
             for rnd in range(args.rounds):  # interleaved: every column of the point, then again
-                floors.read_floor.cache_clear()  # each round times its floors again (`lowest_floors`)
+                if rnd:
+                    floors.read_floor.cache_clear()  # times its floors again (`lowest_floors`)
                 for spec in args.impl.split(";"):
                     for page in [*args.page, None]:
                         keep(dict(measure_kernel(spec, geometry, "paged" if page else "arena", page,
