@@ -454,10 +454,10 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
                 and tma_reason(loaded, g.head_dim, warps, target) is None
                 and loaded.smem_bytes(g.head_dim, warps, True, problem.page_size) <= budget):
             return loaded
-        # cp.async tiles: lean (fewer instructions a tile, no spills; H200, page 64, same run:
-        # B=1 2k-32k 1-7% and B=4 8k 2.6% faster than without, level at B=8; the profile's
-        # B=1 rows at pages 16-128 0.98x at the median; results/perf-notes.md, "Instructions
-        # a tile")
+        # cp.async tiles: lean (fewer instructions a tile, no spills; H200, page 64: B=1 32k
+        # 3% and B=4 8k 2.6% faster than without, B=1 8k within the run-to-run spread; the
+        # profile's B=1 rows at pages 16-128 0.98x at the median; results/perf-notes.md, "Lean
+        # without spills")
         lean = dataclasses.replace(pipelined, lean=True)
         if ("lean" not in overrides
                 and lean.smem_bytes(g.head_dim, warps, True, problem.page_size) <= budget):

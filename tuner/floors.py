@@ -94,9 +94,11 @@ def streaming_reads(nbytes: int, device_index: int | None = None):
     return ways, (buf, sink)
 
 
-# Timings of each way a floor keeps the lowest of. One timing alone has come out 1.5-3.5x high
-# (H200, B=1 ctx 2k-8k: 19.8 us where other runs measured 6.2), above the very kernels it bounds;
-# a floor is a lower bound, so the lowest of a few is the estimate.
+# Timings of each way a floor keeps the lowest of (a floor is a lower bound, so the lowest is the
+# estimate). They guard against one slow timing; they do not cure a floor timed in a process
+# where the measurements before it left the GPU reading slowly for a while (H200: 19.2 us at B=1
+# 8k, three timings alike, where 11.3-12.3 when timed first): time floors before anything else,
+# as bench.attention_table does.
 FLOOR_ATTEMPTS = 3
 
 
