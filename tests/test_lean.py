@@ -32,8 +32,9 @@ def test_knob_named_only_when_on():
     assert "LEAN" not in off and on.pop("LEAN") == 1 and on == off
     assert cb.tunables()["lean"] == [False, True]
     problem = Problem(PRESETS[MAIN_PRESET], "paged", 64, 1, 8192)
-    assert registry.from_spec("cupy:lean=1").params_for(problem, 90).lean is True
-    assert registry.from_spec("cupy").params_for(problem, 90).lean is False
+    assert registry.from_spec("cupy:lean=0").params_for(problem, 90).lean is False
+    assert registry.from_spec("cupy").params_for(problem, 90).lean is True  # SM 90's default here
+    assert registry.from_spec("cupy").params_for(problem, 100).lean is False
 
 
 # (preset, page, sm, params): the pipelined wgmma path at pages of a tile or more and the

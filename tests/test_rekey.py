@@ -171,7 +171,7 @@ def test_complete_params_fills_a_parameter_added_since(tmp_path):
 
     path = _db(tmp_path, nvrtc.sources_digest())  # rows without `tma`, on today's sources
     problem = Problem(PRESETS["qwen3-8b-dflash-b16"], "paged", 64, 32, 2048)
-    full = registry.resolve_params(registry.get("cupy"), problem, 90, {"tma": False})
+    full = registry.resolve_params(registry.get("cupy"), problem, 90, {"tma": False, "lean": False})
     added = {name: 2 for name in set(full) - set(PARAMS)}  # every field newer than the rows
     assert "tma" in added
     dry = rekey.complete_params(path, dry_run=True)
@@ -180,8 +180,8 @@ def test_complete_params_fills_a_parameter_added_since(tmp_path):
     assert s["completed"] == 2 and s["added"] == added and s["kept"] == 0
     with ProfileDB(path, create=False) as db:
         rows = db.query("SELECT * FROM results WHERE impl = 'cupy' ORDER BY batch")
-    # `overlap` named, so the defaults' TMA rule (batch >= 8) does not apply: tma=False, the
-    # cp.async kernel these rows ran; which is today's {tma = false} candidate at B=32
+    # `overlap` named, so the defaults' TMA and lean rules do not apply: tma=False, lean=False,
+    # the cp.async kernel these rows ran; which is today's {tma = false, lean = false} at B=32
     assert [json.loads(r["params"])["tma"] for r in rows] == [False, False]
     big = rows[1]
     assert json.loads(big["params"]) == full
