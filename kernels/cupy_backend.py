@@ -822,6 +822,7 @@ class LaunchConfig(ctypes.Structure):
 # PREFERENCE, CU_CLUSTER_SCHEDULING_POLICY_SPREAD (a cluster's CTAs on distinct SMs where they
 # fit: the splits are what fills the SMs), CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 _CLUSTER_DIMENSION, _CLUSTER_POLICY, _POLICY_SPREAD, _NON_PORTABLE = 4, 5, 1, 14
+_MAX_DYNAMIC_SMEM = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 
 @functools.cache
@@ -853,20 +854,29 @@ def cluster_config(grid, block, smem: int, cluster: int) -> tuple[LaunchConfig, 
     return config, attrs
 
 
-def cluster_fits(func, grid, threads: int, smem: int, cluster: int) -> bool:
-    """Whether the GPU places at least one cluster of `cluster` CTAs of this kernel (allowing
-    the non-portable sizes above 8 first); a host query, once per plan."""
+def max_active_clusters(func, grid, threads: int, smem: int, cluster: int) -> int:
+    """How many clusters of `cluster` CTAs of this kernel the GPU holds at once (allowing the
+    non-portable sizes above 8 first; 0 where it places none); a host query, once per plan."""
     lib = _libcuda()
     if lib is None:
         raise RuntimeError("cluster=1 launches through libcuda.so.1, which cannot be loaded")
     if cluster > PORTABLE_CLUSTER:
         err = lib.cuFuncSetAttribute(int(func), _NON_PORTABLE, 1)
         if err:
-            return False
+            return 0
+    if smem > 48 * 1024:
+        lib.cuFuncSetAttribute(int(func), _MAX_DYNAMIC_SMEM, smem)
     config, _attrs = cluster_config(grid, (threads, 1, 1), smem, cluster)
     count = ctypes.c_int(0)
     err = lib.cuOccupancyMaxActiveClusters(ctypes.byref(count), int(func), ctypes.byref(config))
-    return err == 0 and count.value > 0
+    return count.value if err == 0 else 0
+
+
+def lone_cta_smem(smem: int, smem_per_sm: int = SMEM_PER_SM) -> int:
+    """Dynamic shared memory that leaves no room for a second CTA on an SM (1 KB reserved a
+    CTA): what a `cluster=1, ctas_per_sm=1` launch asks for, because the cluster scheduler
+    otherwise places two of a cluster's CTAs on one SM while other SMs idle."""
+    return max(smem, smem_per_sm // 2 - 1024 + 16)
 
 
 class Launch:
@@ -1212,10 +1222,13 @@ class CupyBackend:
         splits = self.plan_splits(dims, p, q.device)
         grid = (splits * getattr(p, "row_split", 1), dims.num_kv_heads, dims.batch)
         cluster = getattr(p, "cluster", False) and splits > 1
-        if cluster and not cluster_fits(mod.attention, grid, mod.threads, mod.smem, splits):
+        smem = mod.smem
+        if cluster and p.ctas_per_sm == 1:
+            smem = lone_cta_smem(smem, sm_budget(device_info(index)[1]).smem_sm)
+        if cluster and not max_active_clusters(mod.attention, grid, mod.threads, smem, splits):
             if p.num_splits or splits <= PORTABLE_CLUSTER:
                 raise ValueError(f"cluster=1: this GPU cannot place a cluster of {splits} CTAs of "
-                                 f"{mod.smem} bytes of shared memory")
+                                 f"{smem} bytes of shared memory")
             splits = PORTABLE_CLUSTER
             grid = (splits, dims.num_kv_heads, dims.batch)
         rows = dims.block_size * dims.group
@@ -1231,7 +1244,7 @@ class CupyBackend:
             mask_mode=MASK_CODE[dims.mask], window=dims.window or 0,
             scale_log2=dims.scale * math.log2(math.e))
         # a split's row_split CTAs adjacent in x; a cluster=1 plan's splits one cluster
-        attention = Launch(mod.attention, grid, (mod.threads, 1, 1), mod.smem, packed,
+        attention = Launch(mod.attention, grid, (mod.threads, 1, 1), smem, packed,
                            cluster=splits if cluster else 0)
         combine = None
         if splits > 1 and not cluster:
