@@ -81,9 +81,6 @@ class Params:
     # (drafter_attention.cu LEAN)
     ctas_per_sm: int = 0  # CTAs an SM the split model plans a wave with: 0 as many as fit, else at
     # most this many (host only: one CTA an SM gives each CTA more tiles; `plan_splits`)
-    cluster: bool = False  # SM 90+: the splits of a (request, KV head) run as one thread-block
-    # cluster (at most CLUSTER_MAX_SPLITS) and merge through distributed shared memory in the same
-    # launch: no split workspace, no combine kernel (drafter_attention.cu CLUSTER_COMBINE)
 
     def smem_bytes(self, head_dim: int, warps: int, wgmma: bool = False,
                    page_size: int | None = None) -> int:
@@ -92,11 +89,10 @@ class Params:
         pipelined path's page-id ring where it has one."""
         cta_warps = padded_warps(warps) if wgmma else warps
         q_warps = cta_warps if self.q_smem else 0
-        need = (smem_bytes(self.tile_n, self.stages, head_dim, q_warps, wgmma, self.overlap)
+        return (smem_bytes(self.tile_n, self.stages, head_dim, q_warps, wgmma, self.overlap)
                 + id_ring_bytes(self.tile_n, self.stages, head_dim, cta_warps, page_size,
                                 wgmma and bool(self.overlap) and not self.tma, self.lean)
                 + (tma_bytes(self.stages, cta_warps) if self.tma else 0))
-        return max(need, merge_bytes(head_dim, cta_warps)) if self.cluster else need
 
 
 def smem_bytes(tile_n: int, stages: int, head_dim: int, q_warps: int = 0,
@@ -125,33 +121,6 @@ def id_ring_bytes(tile_n: int, stages: int, head_dim: int, warps: int, page_size
     else:
         pg = -(-tile_n * head_dim // 8 // (warps * 32))
     return (stages + 1) * warps * pg * 4
-
-
-def merge_bytes(head_dim: int, warps: int) -> int:
-    """Shared memory of a `cluster=1` CTA's merge buffer (kernels/cuda/cluster_merge.cuh): its
-    16 rows a warp in float32 at MERGE_ROW = head_dim + 8 floats, then a float lse a row. It
-    reuses the stages from offset 0 once the tiles are done."""
-    return warps * 16 * ((head_dim + 8) * 4 + 4)
-
-
-# The most splits one cluster holds: 16 is the non-portable cluster size of SM 90 and SM 100
-# (8 is portable; `AttentionPlan` falls back to 8 where the GPU cannot place 16).
-CLUSTER_MAX_SPLITS = 16
-PORTABLE_CLUSTER = 8
-
-
-def cluster_reason(params, problem: Problem, sm: int | None = None) -> str | None:
-    """Why `cluster=1` cannot run this problem with these parameters (None: it can)."""
-    if not params.cluster:
-        return None
-    if sm is not None and sm < 90:
-        return f"cluster=1 needs thread-block clusters (SM 90 or newer), not SM {sm}"
-    if params.row_split > 1:
-        return "cluster=1 takes row_split=1 (a cluster's rank is its split)"
-    if params.num_splits > CLUSTER_MAX_SPLITS:
-        return (f"cluster=1 holds at most {CLUSTER_MAX_SPLITS} splits in a cluster, "
-                f"not num_splits={params.num_splits}")
-    return None
 
 
 def tma_bytes(stages: int, warps: int) -> int:
@@ -411,8 +380,7 @@ def _row_split_default(problem: Problem, sm: int | None, overrides: dict) -> int
     as three one-warpgroup CTAs"). 1 (no split) wherever a parameter names the path (`wgmma`,
     `row_split`), off SM 90, and where the one-warpgroup CTA would not take the wgmma path."""
     g = problem.geometry
-    if ("row_split" in overrides or "wgmma" in overrides or overrides.get("cluster")
-            or (NO_SM if sm is None else sm) != 90):
+    if "row_split" in overrides or "wgmma" in overrides or (NO_SM if sm is None else sm) != 90:
         return 1
     warps = num_warps(g.block_size, g.group)
     if not 8 < warps <= MAX_PADDED_WARPS:
@@ -552,8 +520,7 @@ def supports(problem: Problem, params: Params | None = None, sm: int | None = No
                                                  problem.page_size), sm)
     if reason:
         return f"tile_n={params.tile_n} stages={params.stages} {reason}"
-    return (overlap_reason(params, g.head_dim, warps, sm) or tma_reason(params, g.head_dim, warps, sm)
-            or cluster_reason(params, problem, sm))
+    return overlap_reason(params, g.head_dim, warps, sm) or tma_reason(params, g.head_dim, warps, sm)
 
 
 def tunables(problem: Problem | None = None) -> dict[str, list]:
@@ -569,7 +536,6 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "row_split": [1, 2, 3],
         "lean": [False, True],
         "ctas_per_sm": [0, 1, 2],
-        "cluster": [False, True],
     }
 
 
@@ -619,10 +585,6 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         defines["ROW_SPLIT"] = params.row_split
     if params.lean:
         defines["LEAN"] = 1
-    if params.cluster:
-        if params.row_split > 1:
-            raise ValueError("cluster=1 takes row_split=1 (a cluster's rank is its split)")
-        defines["CLUSTER_COMBINE"] = 1
     return defines
 
 
@@ -712,8 +674,6 @@ def _load(index: int, defines_items: tuple) -> Module:
                                and not defines.get("TMA_LOADS", 0)), bool(defines.get("LEAN", 0)))
     if defines.get("TMA_LOADS", 0):
         smem += tma_bytes(defines["STAGES"], defines["NUM_WARPS"])
-    if defines.get("CLUSTER_COMBINE", 0):
-        smem = max(smem, merge_bytes(defines["HEAD_DIM"], defines["NUM_WARPS"]))
     return load_cubin(index, result.cubin_path, smem, defines["NUM_WARPS"] * 32)
 
 
@@ -804,102 +764,16 @@ def _driver_launch():
     return fn
 
 
-class LaunchAttribute(ctypes.Structure):
-    """cuda.h's CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union."""
-
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
-
-
-class LaunchConfig(ctypes.Structure):
-    """cuda.h's CUlaunchConfig (the argument of cuLaunchKernelEx)."""
-
-    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
-                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(LaunchAttribute)),
-                ("num_attrs", ctypes.c_uint)]
-
-
-# cuda.h: CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_
-# PREFERENCE, CU_CLUSTER_SCHEDULING_POLICY_SPREAD (a cluster's CTAs on distinct SMs where they
-# fit: the splits are what fills the SMs), CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-_CLUSTER_DIMENSION, _CLUSTER_POLICY, _POLICY_SPREAD, _NON_PORTABLE = 4, 5, 1, 14
-_MAX_DYNAMIC_SMEM = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-
-
-@functools.cache
-def _libcuda():
-    """libcuda by name with the signatures the cluster launch uses; None where it cannot load."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p,
-                                     ctypes.c_void_p, ctypes.c_void_p]
-    lib.cuOccupancyMaxActiveClusters.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
-                                                 ctypes.POINTER(LaunchConfig)]
-    lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-    for fn in (lib.cuLaunchKernelEx, lib.cuOccupancyMaxActiveClusters, lib.cuFuncSetAttribute):
-        fn.restype = ctypes.c_int
-    return lib
-
-
-def cluster_config(grid, block, smem: int, cluster: int) -> tuple[LaunchConfig, object]:
-    """A CUlaunchConfig of clusters of `cluster` CTAs along x, spread over SMs (with the
-    attribute array it points to, which must outlive it)."""
-    attrs = (LaunchAttribute * 2)(LaunchAttribute(id=_CLUSTER_DIMENSION),
-                                  LaunchAttribute(id=_CLUSTER_POLICY))
-    attrs[0].value[:3] = [cluster, 1, 1]
-    attrs[1].value[0] = _POLICY_SPREAD
-    config = LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), smem, None,
-                          ctypes.cast(attrs, ctypes.POINTER(LaunchAttribute)), 2)
-    return config, attrs
-
-
-def max_active_clusters(func, grid, threads: int, smem: int, cluster: int) -> int:
-    """How many clusters of `cluster` CTAs of this kernel the GPU holds at once (allowing the
-    non-portable sizes above 8 first; 0 where it places none); a host query, once per plan."""
-    lib = _libcuda()
-    if lib is None:
-        raise RuntimeError("cluster=1 launches through libcuda.so.1, which cannot be loaded")
-    if cluster > PORTABLE_CLUSTER:
-        err = lib.cuFuncSetAttribute(int(func), _NON_PORTABLE, 1)
-        if err:
-            return 0
-    if smem > 48 * 1024:
-        lib.cuFuncSetAttribute(int(func), _MAX_DYNAMIC_SMEM, smem)
-    config, _attrs = cluster_config(grid, (threads, 1, 1), smem, cluster)
-    count = ctypes.c_int(0)
-    err = lib.cuOccupancyMaxActiveClusters(ctypes.byref(count), int(func), ctypes.byref(config))
-    return count.value if err == 0 else 0
-
-
-def lone_cta_smem(smem: int, smem_per_sm: int = SMEM_PER_SM) -> int:
-    """Dynamic shared memory that leaves no room for a second CTA on an SM (1 KB reserved a
-    CTA): what a `cluster=1, ctas_per_sm=1` launch asks for, because the cluster scheduler
-    otherwise places two of a cluster's CTAs on one SM while other SMs idle."""
-    return max(smem, smem_per_sm // 2 - 1024 + 16)
-
-
 class Launch:
     """One kernel launch with its arguments packed once: `args` (a ctypes struct) holds the
     kernel's parameters field by field. Per call only pointer fields change, then one
-    `cuLaunchKernel` on the given stream; `cluster` > 0: one `cuLaunchKernelEx` of clusters of
-    that many CTAs along x (`cluster_config`)."""
+    `cuLaunchKernel` on the given stream."""
 
-    def __init__(self, func, grid, block, smem, args: ctypes.Structure, cluster: int = 0):
+    def __init__(self, func, grid, block, smem, args: ctypes.Structure):
         self.func, self.grid, self.block, self.smem, self.args = func, grid, block, smem, args
         base = ctypes.addressof(args)
         offsets = [getattr(type(args), f[0]).offset for f in args._fields_]
         self._ptrs = (ctypes.c_void_p * len(offsets))(*(base + o for o in offsets))
-        self.cluster = cluster
-        if cluster:
-            lib = _libcuda()
-            if lib is None:
-                raise RuntimeError("cluster=1 launches through libcuda.so.1, which cannot be loaded")
-            self._ex = lib.cuLaunchKernelEx
-            self._config, self._attrs = cluster_config(grid, block, smem, cluster)
-            self._ex_args = (ctypes.byref(self._config), ctypes.c_void_p(int(func)),
-                             ctypes.c_void_p(ctypes.addressof(self._ptrs)), None)
-            return
         raw = _driver_launch()
         if raw is not None:
             self._raw = raw
@@ -917,12 +791,6 @@ class Launch:
             self._tail = (ctypes.addressof(self._ptrs), 0)
 
     def __call__(self, stream: int) -> None:
-        if self.cluster:
-            self._config.stream = stream
-            err = self._ex(*self._ex_args)
-            if err:
-                raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {err}")
-            return
         if self._raw is not None:
             err = self._raw(*self._head, stream, self._params, None)
             if err:
@@ -1204,11 +1072,9 @@ class CupyBackend:
         resident = mod.resident_ctas(sm_budget(sm).smem_sm)
         if getattr(params, "ctas_per_sm", 0):
             resident = min(resident, params.ctas_per_sm)
-        # row_split CTAs per (request, KV head) split: the wave model counts them all; a
-        # cluster=1 call's splits are one cluster
+        # row_split CTAs per (request, KV head) split: the wave model counts them all
         return choose_splits(dims.batch * getattr(params, "row_split", 1), dims.num_kv_heads,
-                             kv_tokens, params.tile_n, num_sms, resident,
-                             CLUSTER_MAX_SPLITS if getattr(params, "cluster", False) else 64)
+                             kv_tokens, params.tile_n, num_sms, resident)
 
     def _plan_attention(self, key, dims, layout, args) -> AttentionPlan:
         q, _, _, k_cache, v_cache, table, _, out = args
@@ -1220,20 +1086,9 @@ class CupyBackend:
         mod = self.family.module_for(index, q.dtype, dims.head_dim, dims.page_size,
                                      dims.block_size, dims.group, p)
         splits = self.plan_splits(dims, p, q.device)
-        grid = (splits * getattr(p, "row_split", 1), dims.num_kv_heads, dims.batch)
-        cluster = getattr(p, "cluster", False) and splits > 1
-        smem = mod.smem
-        if cluster and p.ctas_per_sm == 1:
-            smem = lone_cta_smem(smem, sm_budget(device_info(index)[1]).smem_sm)
-        if cluster and not max_active_clusters(mod.attention, grid, mod.threads, smem, splits):
-            if p.num_splits or splits <= PORTABLE_CLUSTER:
-                raise ValueError(f"cluster=1: this GPU cannot place a cluster of {splits} CTAs of "
-                                 f"{smem} bytes of shared memory")
-            splits = PORTABLE_CLUSTER
-            grid = (splits, dims.num_kv_heads, dims.batch)
         rows = dims.block_size * dims.group
         part_elems, lse_elems = partial_elems(dims.batch, dims.num_kv_heads, rows, dims.head_dim,
-                                              1 if cluster else splits)  # 1 split: none
+                                              splits)
         maps = None
         if p.tma:
             maps = _tma_maps(k_cache, v_cache, dims.page_size, p.tile_n)
@@ -1243,11 +1098,11 @@ class CupyBackend:
             table_stride=table.shape[1] if layout == "paged" else 1, capacity=dims.capacity,
             mask_mode=MASK_CODE[dims.mask], window=dims.window or 0,
             scale_log2=dims.scale * math.log2(math.e))
-        # a split's row_split CTAs adjacent in x; a cluster=1 plan's splits one cluster
-        attention = Launch(mod.attention, grid, (mod.threads, 1, 1), smem, packed,
-                           cluster=splits if cluster else 0)
+        grid_x = splits * getattr(p, "row_split", 1)  # a split's row_split CTAs adjacent in x
+        attention = Launch(mod.attention, (grid_x, dims.num_kv_heads, dims.batch),
+                           (mod.threads, 1, 1), mod.smem, packed)
         combine = None
-        if splits > 1 and not cluster:
+        if splits > 1:
             total_rows = dims.batch * dims.num_kv_heads * rows
             combine = Launch(mod.combine, (combine_ctas(total_rows, p), 1, 1), (128, 1, 1), 0,
                              CombineArgs(batch=dims.batch, qb=dims.block_size,

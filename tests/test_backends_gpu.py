@@ -27,15 +27,14 @@ pytestmark = pytest.mark.gpu
 # (sm_90a only; they refuse shapes without it, e.g. 9-warp CTAs), "cupy:tma=1" loads its
 # context tiles with bulk tensor copies (the same shapes, sm_90a only), "cupy:lean=1" (and on
 # mma.sync, "cupy:lean=1,wgmma=0") issues a tile's copies from one base address and folds the
-# softmax scale into exp2 (tests/test_lean.py), "cupy:cluster=1" runs a call's splits as
-# thread-block clusters merged in the same launch (tests/test_cluster.py), "cupy:combine=1" merges
+# softmax scale into exp2 (tests/test_lean.py), "cupy:combine=1" merges
 # the splits with a warp a row (every SM; the tests' shapes pack at most 1024 rows a call, where
 # "cupy" merges a CTA a row); "cutlass" is the CuTe
 # port of the same algorithm (mma.sync), "cutlass:wgmma=1" its warpgroup-MMA path on sm_90 where
 # the shape allows. `cupy:wgmma=1` on CTAs that are not whole warpgroups (laguna's 9 warps padded
 # to 3 warpgroups) is checked by the test_padded_wgmma_* tests at the end of this file.
 BACKENDS = ["cupy", "cupy:wgmma=0", "cupy:overlap=1", "cupy:overlap=2", "cupy:tma=1", "cupy:lean=1",
-            "cupy:lean=1,wgmma=0", "cupy:cluster=1",
+            "cupy:lean=1,wgmma=0",
             "cupy:combine=1", "cutlass", "cutlass:wgmma=1"]
 
 
@@ -152,10 +151,6 @@ def test_forced_split_counts(backend, splits):
     lens = [0, 5, 700, 4097]
     q, kb, vb = _block_inputs(geom, len(lens), gen)
     cache = random_paged_context(geom, lens, 64, "cuda", gen)
-    if impl.supports(Problem(geom, "paged", 64, len(lens), max(lens))):  # cluster=1: <= 16
-        with pytest.raises(ValueError, match="cannot run this problem"):
-            impl.paged_attention(q, kb, vb, *cache)
-        return
     ref = reference.paged_attention(q, kb, vb, *cache)
     _poison_allocator(q)
     _assert_close(impl.paged_attention(q, kb, vb, *cache), ref, geom.dtype)
@@ -541,36 +536,3 @@ def test_row_split_forced_splits(splits, geom):
     _assert_close(impl.paged_attention(q, kb, vb, *cache, **kw), ref, geom.dtype)
     (plan,) = impl._plans.values()
     assert plan.attention.grid == (3 * splits, geom.num_kv_heads, len(lens))
-
-
-@pytest.mark.parametrize("layout", ["paged", "arena"])
-@pytest.mark.parametrize("ctx", [2048, 8192, 32768])
-def test_cluster_merges_in_one_launch(layout, ctx):
-    """`cupy:cluster=1` at batch 1 (the model plans 16 splits a cluster on an H200): no combine
-    launch and no split workspace in the plan, the result matches the reference, and a graph
-    replay reproduces the eager result."""
-    geom = PRESETS["qwen3-8b-dflash-b16"]
-    impl = _backend("cupy:cluster=1")
-    gen = torch.Generator().manual_seed(ctx)
-    lens = [ctx - 3]
-    q, kb, vb = _block_inputs(geom, 1, gen)
-    if layout == "paged":
-        cache = random_paged_context(geom, lens, 64, "cuda", gen)
-        ref, fn = reference.paged_attention(q, kb, vb, *cache), impl.paged_attention
-    else:
-        cache = random_arena_context(geom, lens, ctx, "cuda", gen)
-        ref, fn = reference.arena_attention(q, kb, vb, *cache), impl.arena_attention
-    _poison_allocator(q)
-    out = fn(q, kb, vb, *cache)
-    _assert_close(out, ref, geom.dtype)
-    (plan,) = [p for p in impl._plans.values() if hasattr(p, "splits")]
-    assert 1 < plan.splits <= 16 and plan.attention.cluster == plan.splits
-    assert plan.combine is None and plan.part_elems == 0
-    static_out = torch.empty_like(out)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn(q, kb, vb, *cache, out=static_out)
-    static_out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(static_out, out)

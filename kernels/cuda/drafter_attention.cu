@@ -38,21 +38,11 @@
 #ifndef LEAN
 #define LEAN 0  // fewer instructions a tile: see the LEAN blocks (issue, the softmax)
 #endif
-#ifndef CLUSTER_COMBINE
-#define CLUSTER_COMBINE 0  // the splits of a (request, KV head) as one cluster, merged in the
-// same launch through distributed shared memory (cluster_merge.cuh); the host launches it so
-#endif
-#if CLUSTER_COMBINE && ROW_SPLIT > 1
-#error "CLUSTER_COMBINE needs ROW_SPLIT 1: a cluster's x rank is its split"
-#endif
 // cache_offset, and the drafter_combine / drafter_store kernels of this module
 #include "combine_store.cuh"
 #include "params.cuh"
 #if WGMMA
 #include "wgmma.cuh"
-#endif
-#if CLUSTER_COMBINE
-#include "cluster_merge.cuh"
 #endif
 #if TMA_LOADS
 #include "tma.cuh"
@@ -1018,32 +1008,6 @@ __device__ __forceinline__ void attention_body(
       }
     }
   } else {
-#if CLUSTER_COMBINE
-    // Every warp is past its last read of the stages the merge buffer reuses (and, with TMA,
-    // no copy is in flight: each one issued was waited for).
-    __syncthreads();
-    float* o_buf = reinterpret_cast<float*>(smem_raw);  // [NUM_WARPS * 16][MERGE_ROW]
-    float* lse_buf = o_buf + NUM_WARPS * 16 * MERGE_ROW;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = half ? r1 : r0;
-      if (r >= r_end) continue;
-      const float inv = half ? inv1 : inv0;
-#pragma unroll
-      for (int d = 0; d < DTILES; ++d) {
-        *reinterpret_cast<float2*>(o_buf + r * MERGE_ROW + d * 8 + 2 * t4) =
-            make_float2(o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
-      }
-      if (t4 == 0) {
-        const float l = half ? l1 : l0, m = half ? m1 : m0;
-        lse_buf[r] = l > 0.f ? m + log2f(l) : -INFINITY;
-      }
-    }
-    cluster_barrier();
-    cluster_merge<NUM_WARPS>(o_buf, lse_buf, out, split, num_splits, M, b, kvh, qb, hq, hkv,
-                             group, warp, lane);
-    cluster_barrier();  // no CTA leaves while another still reads its buffer
-#else
     const long long row_base = ((static_cast<long long>(split) * batch + b) * hkv + kvh) * M;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -1061,7 +1025,6 @@ __device__ __forceinline__ void attention_body(
         lse_part[row_base + r] = l > 0.f ? m + log2f(l) : -INFINITY;
       }
     }
-#endif  // CLUSTER_COMBINE
   }
 }
 
