@@ -322,6 +322,25 @@ def resolve_impl(option: str, problem, *, dispatcher=None, dispatcher_note: str 
 # Measuring
 
 
+def default_floor():
+    """The read floor `execute` times first (tuner.floors.read_floor: cached per size, so each
+    step's measurement reuses it)."""
+    from drafter_attn.tuner import floors
+
+    return floors.read_floor
+
+
+def floor_sizes(p: Plan) -> list[int]:
+    """The roofline bytes of every decode job's step, each size once, in job order: the read
+    floors `execute` times before any kernel runs (context steps time theirs as they go)."""
+    from drafter_attn.kernels.spec import Problem
+    from drafter_attn.tuner.step import decode_bytes
+
+    sizes = {decode_bytes(Problem(p.geometry, j.layout, j.page, j.batch, j.ctx), p.rows_stored): None
+             for j in p.jobs if j.step == DECODE}
+    return list(sizes)
+
+
 def default_measures():
     from drafter_attn.bench.steps import measure_context
     from drafter_attn.tuner.measure import measure_baseline, measure_candidate
@@ -361,9 +380,11 @@ def sync_lines(rows: list[dict]) -> list[str]:
 
 
 def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measure_baseline=None,
-            echo=print, sweep_id: str | None = None) -> list[dict]:
+            read_floor=None, echo=print, sweep_id: str | None = None) -> list[dict]:
     """Measure every job of `p` (and the baseline), recording each result in `db` the moment it
-    exists; returns the output rows (database columns plus step, label, impl_note, syncs)."""
+    exists; returns the output rows (database columns plus step, label, impl_note, syncs).
+    `read_floor(nbytes)` (default `default_floor()`) is called for every decode step's bytes
+    before the first measurement."""
     from drafter_attn.kernels.spec import Problem
     from drafter_attn.tuner.spec import Candidate
     from drafter_attn.tuner.sweep import result_row
@@ -392,6 +413,16 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
     for (option, impl, summary), count in counts.items():
         share = "" if count == sum(1 for j in p.jobs if j.impl_option == option) else f" for {count} steps"
         echo(f"impl picked: {impl}{share} ({summary})")
+    # Every decode step's read floor first, before any kernel, baseline or profiler has run in
+    # this process: timed between the measurements, floors have read 1.6-3x high on the H200,
+    # above the kernels they bound (results/perf-notes.md, "The read floor, measured more than
+    # once"); each step's measurement then takes its floor from the cache.
+    sizes = floor_sizes(p)
+    if sizes:
+        floor = read_floor or default_floor()
+        echo(f"timing the read floor of {len(sizes)} step size(s) first")
+        for nbytes in sizes:
+            floor(nbytes)
     try:
         for n, job in enumerate(p.jobs, 1):
             problem = Problem(p.geometry, job.layout, job.page, job.batch, job.ctx)

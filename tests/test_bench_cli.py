@@ -320,6 +320,7 @@ def _apply_fakes(mp) -> None:
     mp.setattr(gpu, "probe", lambda: [H200])
     mp.setattr(decode, "gpu_environment", _fake_env)
     mp.setattr(decode, "default_measures", lambda: (_fake_decode, _fake_context, _fake_baseline))
+    mp.setattr(decode, "default_floor", lambda: lambda nbytes: None)
     mp.setattr(baselines, "flashinfer_available", lambda: True)
     mp.delenv("DRAFTER_TUNED_TABLE", raising=False)
 
@@ -577,3 +578,33 @@ def test_context_step_stores_the_chunk(layout, ctx):
     else:
         assert step.kv_bytes == 2 * 2 * 3 * -(-(ctx + 20) // 8) * 8 * 2 * 64 * 4
     assert step.store_bytes == 2 * 2 * 60 * 2 * 2 * 64 * 4  # layers x (read+write) x rows x K,V x Hkv x D x 4 B
+
+
+def test_decode_times_every_step_floor_before_any_measurement(monkeypatch, tmp_path):
+    """The read floor of each decode step's bytes is timed first, once a size, before the first
+    kernel is measured (floors timed between measurements read high on the H200), and the sizes
+    are the steps' own roofline bytes."""
+    from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
+    from drafter_attn.kernels.spec import Problem
+    from drafter_attn.tuner.step import decode_bytes
+
+    _apply_fakes(monkeypatch)
+    events = []
+
+    def measure(wire, reps=0, nsys=False):
+        events.append(("measure", wire["problem"]["batch"]))
+        return _fake_decode(wire, reps, nsys)
+
+    monkeypatch.setattr(decode, "default_measures", lambda: (measure, _fake_context, _fake_baseline))
+    monkeypatch.setattr(decode, "default_floor", lambda: lambda nbytes: events.append(("floor", nbytes)))
+    argv = ["decode", "--sm", "90", "--page", "64", "--batch", "1,8", "--ctx", "2k", "--accepted", "3.4",
+            "--baseline", "none", "--db", str(tmp_path / "p.db"), "--out", str(tmp_path / "out")]
+    assert cli.main(argv) == 0
+    kinds = [kind for kind, _ in events]
+    n_floor = kinds.count("floor")
+    assert kinds == ["floor"] * n_floor + ["measure"] * (len(kinds) - n_floor) and kinds.count("measure") == 4
+    g = get_preset(MAIN_PRESET)
+    stored = decode.rows_stored_for(3.4, g.block_size)  # what each step stores: the accepted + 1
+    want = {decode_bytes(Problem(g, layout, page, b, 2048), stored)
+            for b in (1, 8) for layout, page in (("paged", 64), ("arena", None))}
+    assert sorted(n for kind, n in events if kind == "floor") == sorted(want)

@@ -10,7 +10,7 @@ import torch
 from drafter_attn.kernels import reference
 from drafter_attn.kernels.spec import Geometry, Problem
 from drafter_attn.tuner import memory, roofline
-from drafter_attn.tuner.step import CorrectnessError, DecodeStep, accepted_rows
+from drafter_attn.tuner.step import CorrectnessError, DecodeStep, accepted_rows, decode_bytes
 
 GEOM = Geometry(8, 2, 64, 4, "sliding", 6, num_layers=3, dtype="float32")
 
@@ -90,6 +90,7 @@ def test_accounting(layout, page):
     assert step.attention_bytes == g.num_layers * roofline.attention_bytes(g, lens, 4, page)
     assert step.store_bytes == g.num_layers * roofline.store_bytes(g, step.num_new_rows, 4)
     assert step.bytes_moved == step.attention_bytes + step.store_bytes
+    assert decode_bytes(p, 3) == step.bytes_moved  # what bench decode times the floor of first
 
 
 def test_arena_max_ctx_override():

@@ -47,6 +47,22 @@ class CorrectnessError(RuntimeError):
     """A backend disagrees with kernels.reference on the step's problem."""
 
 
+def roofline_bytes(problem: Problem, num_new_rows: list[int]) -> tuple[int, int]:
+    """(attention, store) least HBM bytes of a decode step over every layer, from the shapes
+    alone: the attention reads the context after the store (`num_new_rows` a request)."""
+    g = problem.geometry
+    item = g.torch_dtype.itemsize
+    lens = [problem.ctx_len + n for n in num_new_rows]
+    return (g.num_layers * roofline.attention_bytes(g, lens, item, problem.page_size),
+            g.num_layers * roofline.store_bytes(g, num_new_rows, item))
+
+
+def decode_bytes(problem: Problem, accepted: float | None = None) -> int:
+    """`DecodeStep(problem, accepted=accepted).bytes_moved` without building the step."""
+    return sum(roofline_bytes(problem, accepted_rows(problem.batch, problem.geometry.block_size,
+                                                     accepted)))
+
+
 def accepted_rows(batch: int, block_size: int, accepted: float | None = None) -> list[int]:
     """Rows stored per request (`num_new`), deterministic, with mean `accepted` (default: Qb).
 
@@ -203,10 +219,6 @@ class DecodeStep:
 
     # -- accounting -----------------------------------------------------------------------------
     @property
-    def elem_bytes(self) -> int:
-        return self.problem.geometry.torch_dtype.itemsize
-
-    @property
     def kv_bytes(self) -> int:
         """K/V bytes of the workload over all layers (memory.kv_bytes_for)."""
         return memory.kv_bytes_for(self.problem, store_rows=self.store_rows)
@@ -214,15 +226,11 @@ class DecodeStep:
     @property
     def attention_bytes(self) -> int:
         """Least HBM bytes of every layer's attention (over the context after the store)."""
-        p = self.problem
-        lens = [p.ctx_len + n for n in self.num_new_rows]
-        per_layer = roofline.attention_bytes(p.geometry, lens, self.elem_bytes, p.page_size)
-        return p.geometry.num_layers * per_layer
+        return roofline_bytes(self.problem, self.num_new_rows)[0]
 
     @property
     def store_bytes(self) -> int:
-        p = self.problem
-        return p.geometry.num_layers * roofline.store_bytes(p.geometry, self.num_new_rows, self.elem_bytes)
+        return roofline_bytes(self.problem, self.num_new_rows)[1]
 
     @property
     def bytes_moved(self) -> int:
