@@ -330,14 +330,18 @@ def default_floor():
     return floors.read_floor
 
 
-def floor_sizes(p: Plan) -> list[int]:
-    """The roofline bytes of every decode job's step, each size once, in job order: the read
-    floors `execute` times before any kernel runs (context steps time theirs as they go)."""
+def floor_sizes(p: Plan, sm: int | None = None) -> list[int]:
+    """The roofline bytes of every decode job's step, then of every baseline row, each size
+    once: the read floors `execute` times before any kernel runs (context steps time theirs as
+    they go)."""
     from drafter_attn.kernels.spec import Problem
+    from drafter_attn.tuner.measure import baseline_bytes
     from drafter_attn.tuner.step import decode_bytes
 
     sizes = {decode_bytes(Problem(p.geometry, j.layout, j.page, j.batch, j.ctx), p.rows_stored): None
              for j in p.jobs if j.step == DECODE}
+    sizes.update({baseline_bytes(p.geometry, page, b, c): None
+                  for _, b, c, page in p.baseline_jobs(sm)})
     return list(sizes)
 
 
@@ -413,11 +417,11 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
     for (option, impl, summary), count in counts.items():
         share = "" if count == sum(1 for j in p.jobs if j.impl_option == option) else f" for {count} steps"
         echo(f"impl picked: {impl}{share} ({summary})")
-    # Every decode step's read floor first, before any kernel, baseline or profiler has run in
-    # this process: timed between the measurements, floors have read 1.6-3x high on the H200,
-    # above the kernels they bound (results/perf-notes.md, "The read floor, measured more than
-    # once"); each step's measurement then takes its floor from the cache.
-    sizes = floor_sizes(p)
+    # Every step's and baseline's read floor first, before any kernel, baseline or profiler has
+    # run in this process: timed between the measurements, floors have read 1.6-5x high on the
+    # H200, above the kernels they bound (results/perf-notes.md, "The read floor, measured more
+    # than once"); each measurement then takes its floor from the cache.
+    sizes = floor_sizes(p, env.get("sm"))
     if sizes:
         floor = read_floor or default_floor()
         echo(f"timing the read floor of {len(sizes)} step size(s) first")

@@ -581,11 +581,12 @@ def test_context_step_stores_the_chunk(layout, ctx):
 
 
 def test_decode_times_every_step_floor_before_any_measurement(monkeypatch, tmp_path):
-    """The read floor of each decode step's bytes is timed first, once a size, before the first
-    kernel is measured (floors timed between measurements read high on the H200), and the sizes
-    are the steps' own roofline bytes."""
+    """The read floor of each decode step's and baseline's bytes is timed first, once a size,
+    before the first measurement (floors timed between measurements read high on the H200), and
+    the sizes are the ones the measurements time their floors with."""
     from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
     from drafter_attn.kernels.spec import Problem
+    from drafter_attn.tuner.measure import baseline_bytes
     from drafter_attn.tuner.step import decode_bytes
 
     _apply_fakes(monkeypatch)
@@ -595,16 +596,22 @@ def test_decode_times_every_step_floor_before_any_measurement(monkeypatch, tmp_p
         events.append(("measure", wire["problem"]["batch"]))
         return _fake_decode(wire, reps, nsys)
 
-    monkeypatch.setattr(decode, "default_measures", lambda: (measure, _fake_context, _fake_baseline))
+    def baseline(name, geometry, page, batch, ctx, reps=0):
+        events.append(("baseline", batch))
+        return _fake_baseline(name, geometry, page, batch, ctx, reps)
+
+    monkeypatch.setattr(decode, "default_measures", lambda: (measure, _fake_context, baseline))
     monkeypatch.setattr(decode, "default_floor", lambda: lambda nbytes: events.append(("floor", nbytes)))
     argv = ["decode", "--sm", "90", "--page", "64", "--batch", "1,8", "--ctx", "2k", "--accepted", "3.4",
-            "--baseline", "none", "--db", str(tmp_path / "p.db"), "--out", str(tmp_path / "out")]
+            "--baseline", "flashinfer-fa2", "--db", str(tmp_path / "p.db"), "--out", str(tmp_path / "out")]
     assert cli.main(argv) == 0
     kinds = [kind for kind, _ in events]
     n_floor = kinds.count("floor")
-    assert kinds == ["floor"] * n_floor + ["measure"] * (len(kinds) - n_floor) and kinds.count("measure") == 4
+    assert kinds[:n_floor] == ["floor"] * n_floor and "floor" not in kinds[n_floor:]
+    assert kinds.count("measure") == 4 and kinds.count("baseline") == 2
     g = get_preset(MAIN_PRESET)
     stored = decode.rows_stored_for(3.4, g.block_size)  # what each step stores: the accepted + 1
     want = {decode_bytes(Problem(g, layout, page, b, 2048), stored)
             for b in (1, 8) for layout, page in (("paged", 64), ("arena", None))}
+    want |= {baseline_bytes(g, 64, b, 2048) for b in (1, 8)}  # one layer's attention
     assert sorted(n for kind, n in events if kind == "floor") == sorted(want)
