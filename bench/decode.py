@@ -387,8 +387,8 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
             read_floor=None, echo=print, sweep_id: str | None = None) -> list[dict]:
     """Measure every job of `p` (and the baseline), recording each result in `db` the moment it
     exists; returns the output rows (database columns plus step, label, impl_note, syncs).
-    `read_floor(nbytes)` (default `default_floor()`) is called for every decode step's bytes
-    before the first measurement."""
+    `read_floor(nbytes)` (default `default_floor()`) is called for every decode step's and
+    baseline row's bytes before the first measurement (`floor_sizes`)."""
     from drafter_attn.kernels.spec import Problem
     from drafter_attn.tuner.spec import Candidate
     from drafter_attn.tuner.sweep import result_row
@@ -424,9 +424,12 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
     sizes = floor_sizes(p, env.get("sm"))
     if sizes:
         floor = read_floor or default_floor()
-        echo(f"timing the read floor of {len(sizes)} step size(s) first")
+        echo(f"timing the read floor of {len(sizes)} size(s) first")
         for nbytes in sizes:
-            floor(nbytes)
+            try:
+                floor(nbytes)
+            except Exception as exc:  # its row times it again, and records a failure there
+                echo(f"read floor of {nbytes} bytes not timed first: {type(exc).__name__}: {exc}")
     try:
         for n, job in enumerate(p.jobs, 1):
             problem = Problem(p.geometry, job.layout, job.page, job.batch, job.ctx)

@@ -615,3 +615,20 @@ def test_decode_times_every_step_floor_before_any_measurement(monkeypatch, tmp_p
             for b in (1, 8) for layout, page in (("paged", 64), ("arena", None))}
     want |= {baseline_bytes(g, 64, b, 2048) for b in (1, 8)}  # one layer's attention
     assert sorted(n for kind, n in events if kind == "floor") == sorted(want)
+
+
+def test_decode_goes_on_when_a_floor_fails_first(monkeypatch, tmp_path, capsys):
+    """A read floor that cannot be timed up front (out of memory, say) does not stop the run:
+    it is named, and every row is still measured."""
+    _apply_fakes(monkeypatch)
+
+    def floor(nbytes):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(decode, "default_floor", lambda: floor)
+    argv = ["decode", "--sm", "90", "--page", "64", "--batch", "1", "--ctx", "2k", "--baseline", "none",
+            "--db", str(tmp_path / "p.db"), "--out", str(tmp_path / "out")]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "not timed first: RuntimeError: CUDA out of memory" in out
+    assert len(pd.read_csv(tmp_path / "out" / "decode.csv")) == 2  # paged and arena
