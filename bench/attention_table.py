@@ -49,13 +49,6 @@ def _candidate(spec: str, geometry, layout: str, page: int | None, batch: int, c
     return Candidate(problem, name, tuple(sorted(params.items())), None, preset)
 
 
-def kernel_bytes(geometry, batch: int, ctx: int, page: int | None) -> int:
-    """The bytes one layer's attention must move at a point (its read floor's size)."""
-    from drafter_attn.tuner import roofline
-
-    return roofline.attention_bytes(geometry, [ctx] * batch, geometry.torch_dtype.itemsize, page)
-
-
 def measure_kernel(spec: str, geometry, layout: str, page: int | None, batch: int, ctx: int, *,
                    reps: int, preset: str, record) -> dict:
     """One kernel point: a one-layer step through tuner.measure, recorded; its attention half
@@ -72,7 +65,7 @@ def measure_kernel(spec: str, geometry, layout: str, page: int | None, batch: in
                reason=result.get("reason"), rel_err=result.get("rel_err"))
     if result.get("attention_median_us") is not None:  # ok, or a timed diagnostic variant
         attn = result["attention_median_us"]
-        nbytes = kernel_bytes(geometry, batch, ctx, page)
+        nbytes = roofline.call_bytes(geometry, batch, ctx, page)
         floor = floors.read_floor(nbytes).median_us
         row.update(attn_us=attn, p10_us=result["attention_p10_us"], p90_us=result["attention_p90_us"],
                    read_floor_us=floor, x_floor=attn / floor, bytes=nbytes,
@@ -261,7 +254,7 @@ def main(argv=None) -> int:
     # high (results/perf-notes.md, "The read floor, measured more than once").
     for batch, ctx in points:
         for page in [*args.page, None]:
-            floors.read_floor(kernel_bytes(geometry, batch, ctx, page))
+            floors.read_floor(roofline.call_bytes(geometry, batch, ctx, page))
     rows: list[dict] = []
     sweep_id = f"attention-table-{dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
     with ProfileDB(args.db) as db:

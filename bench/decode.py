@@ -335,12 +335,12 @@ def floor_sizes(p: Plan, sm: int | None = None) -> list[int]:
     once: the read floors `execute` times before any kernel runs (context steps time theirs as
     they go)."""
     from drafter_attn.kernels.spec import Problem
-    from drafter_attn.tuner.measure import baseline_bytes
+    from drafter_attn.tuner.roofline import call_bytes
     from drafter_attn.tuner.step import decode_bytes
 
     sizes = {decode_bytes(Problem(p.geometry, j.layout, j.page, j.batch, j.ctx), p.rows_stored): None
              for j in p.jobs if j.step == DECODE}
-    sizes.update({baseline_bytes(p.geometry, page, b, c): None
+    sizes.update({call_bytes(p.geometry, b, c, page): None
                   for _, b, c, page in p.baseline_jobs(sm)})
     return list(sizes)
 

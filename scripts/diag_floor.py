@@ -19,7 +19,7 @@ BUFFERS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 def main() -> None:
     geom = PRESETS[MAIN_PRESET].with_(num_layers=1)
     sizes = {f"B=1 {ctx // 1024}k {'page ' + str(page) if page else 'arena'}":
-             roofline.attention_bytes(geom, [ctx], 2, page)
+             roofline.call_bytes(geom, 1, ctx, page)
              for ctx in (2048, 8192, 32768) for page in (64, 128, None)}
     print(f"{'size':<22} {'bytes':>10}  buffer  bulk us (3 timings)      ld us (3 timings)       buffer address")
     for name, nbytes in sizes.items():

@@ -586,7 +586,7 @@ def test_decode_times_every_step_floor_before_any_measurement(monkeypatch, tmp_p
     the sizes are the ones the measurements time their floors with."""
     from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
     from drafter_attn.kernels.spec import Problem
-    from drafter_attn.tuner.measure import baseline_bytes
+    from drafter_attn.tuner.roofline import call_bytes
     from drafter_attn.tuner.step import decode_bytes
 
     _apply_fakes(monkeypatch)
@@ -613,7 +613,7 @@ def test_decode_times_every_step_floor_before_any_measurement(monkeypatch, tmp_p
     stored = decode.rows_stored_for(3.4, g.block_size)  # what each step stores: the accepted + 1
     want = {decode_bytes(Problem(g, layout, page, b, 2048), stored)
             for b in (1, 8) for layout, page in (("paged", 64), ("arena", None))}
-    want |= {baseline_bytes(g, 64, b, 2048) for b in (1, 8)}  # one layer's attention
+    want |= {call_bytes(g, b, 2048, 64) for b in (1, 8)}  # one layer's attention
     assert sorted(n for kind, n in events if kind == "floor") == sorted(want)
 
 

@@ -97,15 +97,6 @@ def time_step(step, reps: int = 0, eager: bool = False) -> dict:
     return row
 
 
-def baseline_bytes(geometry, page: int, batch: int, ctx: int) -> int:
-    """The roofline bytes `measure_baseline` times a baseline's floor with: one layer's
-    attention over `batch` requests of `ctx` tokens."""
-    from drafter_attn.tuner import roofline
-
-    g1 = geometry.with_(num_layers=1)
-    return roofline.attention_bytes(g1, [ctx] * batch, g1.torch_dtype.itemsize, page)
-
-
 def measure_baseline(name: str, geometry, page: int, batch: int, ctx: int, *, reps: int = 0,
                      seed: int = 0) -> dict:
     """Baseline `name` (kernels.baselines) over `batch` requests of `ctx` tokens: ONE layer's
@@ -114,7 +105,7 @@ def measure_baseline(name: str, geometry, page: int, batch: int, ctx: int, *, re
     import torch
 
     from drafter_attn.kernels import baselines
-    from drafter_attn.tuner import syncs
+    from drafter_attn.tuner import roofline, syncs
 
     t0 = time.perf_counter()
     g1 = geometry.with_(num_layers=1)
@@ -122,7 +113,7 @@ def measure_baseline(name: str, geometry, page: int, batch: int, ctx: int, *, re
     base = None
     try:
         base = baselines.build(name, g1, page, [ctx] * batch, "cuda", torch.Generator().manual_seed(seed))
-        row, _ = time_fn(base.run, baseline_bytes(geometry, page, batch, ctx), reps)
+        row, _ = time_fn(base.run, roofline.call_bytes(g1, batch, ctx, page), reps)
         row.update(attention_median_us=row["median_us"], attention_p10_us=row["p10_us"],
                    attention_p90_us=row["p90_us"], kv_bytes=base.kv_bytes)
         report = syncs.detect_syncs(base.run, graph=False)

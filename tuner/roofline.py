@@ -58,6 +58,12 @@ def attention_bytes(geometry: Geometry, ctx_lens: list[int], elem_bytes: int = 2
     return ctx * kv_row + len(ctx_lens) * per_req + table
 
 
+def call_bytes(geometry: Geometry, batch: int, ctx: int, page_size: int | None = None) -> int:
+    """`attention_bytes` of one attention call over `batch` requests of `ctx` tokens in the
+    geometry's own dtype: the size of a table point's or a baseline row's read floor."""
+    return attention_bytes(geometry, [ctx] * batch, geometry.torch_dtype.itemsize, page_size)
+
+
 def store_bytes(geometry: Geometry, num_new: list[int], elem_bytes: int = 2) -> int:
     """Least bytes a store moves: each stored K/V row read once and written once."""
     return 2 * kv_bytes(sum(num_new), geometry.num_kv_heads, geometry.head_dim, 1, elem_bytes)
