@@ -248,13 +248,9 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
-    # Every point's read floor first, before any kernel, baseline or profiler has run in this
-    # process: timed there they are steady (H200: within 0.7 us over fresh buffers,
-    # scripts/diag_floor.py), where the same sizes timed between the points have read 1.6-3x
-    # high (results/perf-notes.md, "The read floor, measured more than once").
-    for batch, ctx in points:
-        for page in [*args.page, None]:
-            floors.read_floor(roofline.call_bytes(geometry, batch, ctx, page))
+    # every point's read floor before anything is measured (floors.time_first)
+    floors.time_first([roofline.call_bytes(geometry, batch, ctx, page)
+                       for batch, ctx in points for page in [*args.page, None]])
     rows: list[dict] = []
     sweep_id = f"attention-table-{dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
     with ProfileDB(args.db) as db:

@@ -417,19 +417,14 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
     for (option, impl, summary), count in counts.items():
         share = "" if count == sum(1 for j in p.jobs if j.impl_option == option) else f" for {count} steps"
         echo(f"impl picked: {impl}{share} ({summary})")
-    # Every step's and baseline's read floor first, before any kernel, baseline or profiler has
-    # run in this process: timed between the measurements, floors have read 1.6-5x high on the
-    # H200, above the kernels they bound (results/perf-notes.md, "The read floor, measured more
-    # than once"); each measurement then takes its floor from the cache.
+    # every step's and baseline's read floor before anything is measured (floors.time_first);
+    # each measurement then takes its floor from the cache
     sizes = floor_sizes(p, env.get("sm"))
     if sizes:
-        floor = read_floor or default_floor()
+        from drafter_attn.tuner import floors
+
         echo(f"timing the read floor of {len(sizes)} size(s) first")
-        for nbytes in sizes:
-            try:
-                floor(nbytes)
-            except Exception as exc:  # its row times it again, and records a failure there
-                echo(f"read floor of {nbytes} bytes not timed first: {type(exc).__name__}: {exc}")
+        floors.time_first(sizes, echo, read_floor or default_floor())
     try:
         for n, job in enumerate(p.jobs, 1):
             problem = Problem(p.geometry, job.layout, job.page, job.batch, job.ctx)

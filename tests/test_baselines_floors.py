@@ -206,3 +206,18 @@ def test_attention_table_rounds_option():
     for bad in ("0", "-2", "two"):
         with pytest.raises(SystemExit):
             at.parse_args(["--rounds", bad])
+
+
+def test_time_first_times_each_size_once_and_names_a_failure():
+    from drafter_attn.tuner import floors
+
+    timed, said = [], []
+
+    def floor(nbytes):
+        timed.append(nbytes)
+        if nbytes == 2:
+            raise RuntimeError("CUDA out of memory")
+
+    floors.time_first([3, 2, 3, 1], said.append, floor)
+    assert timed == [3, 2, 1]
+    assert said == ["read floor of 2 bytes not timed first: RuntimeError: CUDA out of memory"]

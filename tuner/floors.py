@@ -97,8 +97,8 @@ def streaming_reads(nbytes: int, device_index: int | None = None):
 # Timings of each way a floor keeps the lowest of (a floor is a lower bound, so the lowest is the
 # estimate). They guard against one slow timing; they do not cure a floor timed in a process
 # where the measurements before it left the GPU reading slowly for a while (H200: 19.2 us at B=1
-# 8k, three timings alike, where 11.3-12.3 when timed first): time floors before anything else,
-# as bench.attention_table does.
+# 8k, three timings alike, where 11.3-12.3 when timed first): time floors before anything else
+# (`time_first`).
 FLOOR_ATTEMPTS = 3
 
 
@@ -119,6 +119,20 @@ def read_floor(nbytes: int, reps: int = 50, attempts: int = FLOOR_ATTEMPTS) -> R
     del graphs, keep
     way = min(times, key=times.get)
     return ReadFloor(nbytes, times[way], way, times.get("bulk"), times.get("ld"))
+
+
+def time_first(sizes, echo=print, floor=None) -> None:
+    """Time the read floor of every size in `sizes` now (`floor`, default `read_floor`, which
+    caches it), before a run measures anything: timed between measurements, floors have read
+    1.6-5x high on the H200, above the kernels they bound, and timed first they are steady
+    (results/perf-notes.md, "The read floor, measured more than once"). A size that fails is
+    named through `echo`; its row times it again and records the failure there."""
+    floor = floor or read_floor
+    for nbytes in dict.fromkeys(sizes):
+        try:
+            floor(nbytes)
+        except Exception as exc:
+            echo(f"read floor of {nbytes} bytes not timed first: {type(exc).__name__}: {exc}")
 
 
 @functools.cache
