@@ -81,12 +81,18 @@ class Params:
     # (drafter_attention.cu LEAN)
     ctas_per_sm: int = 0  # CTAs an SM the split model plans a wave with: 0 as many as fit, else at
     # most this many (host only: one CTA an SM gives each CTA more tiles; `plan_splits`)
+    ws: int = 0  # warp-specialised (sm_90a) with this many consumer warpgroups (2 or 3; 0 off):
+    # one CTA an SM, a producer warpgroup that issues every context tile's TMA copies, and the
+    # consumers, which take the tiles in turn and merge at the end
+    # (kernels/cuda/warp_specialized.cuh; `ws_reason`)
 
     def smem_bytes(self, head_dim: int, warps: int, wgmma: bool = False,
                    page_size: int | None = None) -> int:
         """`warps`: the CTA's 16-row warps; Q in shared memory holds 16 rows a warp, of whole
         warpgroups on the wgmma path (`padded_warps`). `page_size` (None: the arena) adds the
         pipelined path's page-id ring where it has one."""
+        if self.ws:
+            return ws_bytes(self.tile_n, self.stages, head_dim, self.ws)
         cta_warps = padded_warps(warps) if wgmma else warps
         q_warps = cta_warps if self.q_smem else 0
         return (smem_bytes(self.tile_n, self.stages, head_dim, q_warps, wgmma, self.overlap)
@@ -128,6 +134,25 @@ def tma_bytes(stages: int, warps: int) -> int:
     each warp that issues copies (at most `warps`), two chunks of 16 page ids
     (drafter_attention.cu, TMA_LOADS: ISSUERS, IDS)."""
     return stages * 8 + warps * 2 * 16 * 4
+
+
+def ws_bytes(tile_n: int, stages: int, head_dim: int, consumers: int) -> int:
+    """Shared memory of the warp-specialised kernel (`ws`, warp_specialized.cuh): the K and V
+    stages, the Q stage (64 rows), a full and an empty barrier a stage and Q's, and 2 KB for
+    the row maxima and sums each consumer but the first hands it (their O goes through their
+    last stages)."""
+    return (2 * stages * tile_n * head_dim * 2 + 64 * head_dim * 2 + stages * 16 + 8
+            + (consumers - 1) * 4 * 128 * 4)
+
+
+def ws_threads(consumers: int) -> int:
+    """Threads of the warp-specialised CTA: a producer warpgroup and the consumers."""
+    return 128 * (1 + consumers)
+
+
+# its default stages: 6 x 32 KB of 64-key head_dim-128 K/V tiles in flight an SM (a multiple of
+# 2 and of 3 consumers)
+WS_STAGES = 6
 
 
 def num_warps(block_size: int, group: int, wgmma: bool = False, row_split: int = 1) -> int:
@@ -247,6 +272,32 @@ def tma_reason(params: Params, head_dim: int, warps: int, sm: int | None = None)
     if params.q_smem:
         return "tma=1 keeps Q in registers: q_smem=1 has no TMA variant"
     return overlap_reason(params, head_dim, warps, sm)
+
+
+def ws_reason(params: Params, head_dim: int, warps: int, sm: int | None = None) -> str | None:
+    """Why `params.ws` cannot apply (None when it can, or is off): sm_90a, consumers of one
+    warpgroup (at most 64 packed rows a CTA; `row_split` deals more), wgmma tiles, an even
+    number of stages, Q in registers; its loads are its own, so none of the pipelined path's
+    knobs (overlap, tma, lean)."""
+    if not params.ws:
+        return None
+    if params.ws not in (2, 3):
+        return f"ws={params.ws}: 2 or 3 consumer warpgroups (0: off)"
+    if sm is not None and sm != 90:
+        return f"ws needs sm_90a (TMA, wgmma, setmaxnreg), which SM {sm} does not have"
+    if warps != 4:
+        return (f"ws takes at most 64 packed query rows a CTA (this one has {warps} 16-row "
+                f"warps); row_split deals more over CTAs")
+    if params.wgmma is not None and not params.wgmma:
+        return "ws runs on wgmma: wgmma=0 has no warp-specialised variant"
+    if params.tile_n not in (32, 64, 128) or head_dim not in (64, 128):
+        return f"ws needs tile_n 32/64/128 and head_dim 64/128 (tile_n={params.tile_n})"
+    if params.stages < params.ws or params.stages % params.ws:
+        return (f"ws={params.ws} needs stages a multiple of its {params.ws} consumers "
+                f"(stages={params.stages})")
+    if params.q_smem or params.overlap or params.tma or params.lean:
+        return "ws loads its own tiles: q_smem, overlap, tma and lean do not combine with it"
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -417,6 +468,16 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     warpgroups: 32-key tiles in 8 stages, Q in registers, not pipelined). Pipelined tiles that
     cp.async loads (below TMA's batch and context) take `lean`. The split combine runs
     a CTA a row up to `COMBINE_CTA_MAX_ROWS` packed rows a call, a warp a row above."""
+    if overrides.get("ws"):  # its own pipeline: none of the pipelined path's knobs
+        overrides = {"stages": WS_STAGES, **overrides}
+        if problem is not None and "row_split" not in overrides:
+            g = problem.geometry
+            rows = g.block_size * g.group
+            overrides["row_split"] = -(-rows // 64)  # consumers of one warpgroup: 64 rows a CTA
+        if problem is not None and "combine" not in overrides:
+            rows = problem.batch * problem.geometry.block_size * problem.geometry.num_q_heads
+            overrides["combine"] = 2 if rows <= COMBINE_CTA_MAX_ROWS else 1
+        return sm_defaults(Params, MANY_WARPS, problem, sm, overrides)
     many = MANY_WARPS
     row_split = 1 if problem is None else _row_split_default(problem, sm, overrides)
     if row_split > 1:
@@ -516,6 +577,9 @@ def supports(problem: Problem, params: Params | None = None, sm: int | None = No
         reason = wgmma_reason(g.head_dim, warps, params.tile_n)
         if reason:
             return f"wgmma=1: {reason}"
+    reason = ws_reason(params, g.head_dim, warps, sm)
+    if reason:
+        return reason
     reason = smem_limit_reason(params.smem_bytes(g.head_dim, warps, bool(params.wgmma),
                                                  problem.page_size), sm)
     if reason:
@@ -536,6 +600,7 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "row_split": [1, 2, 3],
         "lean": [False, True],
         "ctas_per_sm": [0, 1, 2],
+        "ws": [0, 2, 3],
     }
 
 
@@ -585,6 +650,11 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         defines["ROW_SPLIT"] = params.row_split
     if params.lean:
         defines["LEAN"] = 1
+    if params.ws:
+        reason = ws_reason(params, head_dim, warps, sm)
+        if reason:
+            raise ValueError(reason)
+        defines.update(WARP_SPEC=1, TMA_LOADS=1, WS_CONSUMERS=params.ws)
     return defines
 
 
@@ -665,6 +735,10 @@ def load_cubin(index: int, cubin_path, smem: int, threads: int) -> Module:
 def _load(index: int, defines_items: tuple) -> Module:
     defines = dict(defines_items)
     result = compile_variant(defines, device_info(index)[1])
+    if defines.get("WARP_SPEC", 0):
+        consumers = defines["WS_CONSUMERS"]
+        smem = ws_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"], consumers)
+        return load_cubin(index, result.cubin_path, smem, ws_threads(consumers))
     smem = smem_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
                       defines["NUM_WARPS"] if defines["Q_SMEM"] else 0, defines["WGMMA"],
                       defines.get("OVERLAP", 0))
@@ -1090,7 +1164,7 @@ class CupyBackend:
         part_elems, lse_elems = partial_elems(dims.batch, dims.num_kv_heads, rows, dims.head_dim,
                                               splits)
         maps = None
-        if p.tma:
+        if getattr(p, "tma", False) or getattr(p, "ws", False):  # cutlass has neither
             maps = _tma_maps(k_cache, v_cache, dims.page_size, p.tile_n)
         packed = (TmaDrafterParams if maps else DrafterParams)(
             loc_stride=loc_stride(k_cache, dims.page_size), qb=dims.block_size, hq=dims.num_q_heads,

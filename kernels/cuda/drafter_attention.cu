@@ -17,7 +17,9 @@
 // (request, KV head) dealt over ROW_SPLIT CTAs of ceil(Qb*G / ROW_SPLIT) rows each, which read
 // the same K/V: laguna's 144 rows as 3 CTAs of one warpgroup instead of one of 3 warpgroups),
 // LEAN (a cp.async context tile's copies from one base address where the tile lies in one page
-// or the arena slot; scores kept raw until exp2, whose FMA applies the scale).
+// or the arena slot; scores kept raw until exp2, whose FMA applies the scale), WARP_SPEC (with
+// WS_CONSUMERS: a producer warpgroup issuing the TMA copies and 2 or 3 consumer warpgroups taking
+// the tiles in turn, one CTA an SM: warp_specialized.cuh, whose body replaces this file's).
 //
 // One CTA = one (request b, KV head, KV split). Its Qb*G query rows (all query heads sharing the KV
 // head, for every block position) form one M-tile, so each K/V byte is read once per split and
@@ -37,6 +39,9 @@
 #endif
 #ifndef LEAN
 #define LEAN 0  // fewer instructions a tile: see the LEAN blocks (issue, the softmax)
+#endif
+#ifndef WARP_SPEC
+#define WARP_SPEC 0  // a producer warpgroup and two consumer warpgroups: warp_specialized.cuh
 #endif
 // cache_offset, and the drafter_combine / drafter_store kernels of this module
 #include "combine_store.cuh"
@@ -162,7 +167,8 @@ constexpr int ID_SLOTS = STAGES + 1;
 constexpr int BOX_ROWS = (PAGE_SIZE > 0 && PAGE_SIZE < N) ? PAGE_SIZE : N;
 constexpr int BOXES = N / BOX_ROWS;
 constexpr unsigned TILE_BYTES = 2u * N * D * sizeof(elem_t);
-static_assert(OVERLAP && !Q_SMEM, "TMA feeds the pipelined wgmma path with Q in registers");
+static_assert((OVERLAP || WARP_SPEC) && !Q_SMEM,
+              "TMA feeds the pipelined or warp-specialised wgmma path with Q in registers");
 // A tile's COPIES box copies (K and V, each 64-column half, each box) are spread over ISSUERS
 // warps, lane 0 of warp w issuing copies w, w + ISSUERS, ...: one warp per SM sub-partition,
 // so no one math warp spends a tile's worth of issue slots (16 copies at page 16, 32 at page 8)
@@ -239,23 +245,33 @@ template <>
 struct WgMma<32> {
   static __device__ __forceinline__ void rs(float (&d)[4][4], const unsigned (&a)[4], unsigned long long b, int acc) { wgmma_rs_n32(d, a, b, acc); }
   static __device__ __forceinline__ void rs_tb(float (&d)[4][4], const unsigned (&a)[4], unsigned long long b, int acc) { wgmma_rs_n32_tb(d, a, b, acc); }
+  static __device__ __forceinline__ void ss(float (&d)[4][4], unsigned long long a, unsigned long long b, int acc) { wgmma_ss_n32(d, a, b, acc); }
 };
 template <>
 struct WgMma<64> {
   static __device__ __forceinline__ void rs(float (&d)[8][4], const unsigned (&a)[4], unsigned long long b, int acc) { wgmma_rs_n64(d, a, b, acc); }
   static __device__ __forceinline__ void rs_tb(float (&d)[8][4], const unsigned (&a)[4], unsigned long long b, int acc) { wgmma_rs_n64_tb(d, a, b, acc); }
+  static __device__ __forceinline__ void ss(float (&d)[8][4], unsigned long long a, unsigned long long b, int acc) { wgmma_ss_n64(d, a, b, acc); }
 };
 template <>
 struct WgMma<128> {
   static __device__ __forceinline__ void rs(float (&d)[16][4], const unsigned (&a)[4], unsigned long long b, int acc) { wgmma_rs_n128(d, a, b, acc); }
   static __device__ __forceinline__ void rs_tb(float (&d)[16][4], const unsigned (&a)[4], unsigned long long b, int acc) { wgmma_rs_n128_tb(d, a, b, acc); }
+  static __device__ __forceinline__ void ss(float (&d)[16][4], unsigned long long a, unsigned long long b, int acc) { wgmma_ss_n128(d, a, b, acc); }
 };
 static_assert(NUM_WARPS % 4 == 0, "wgmma needs whole warpgroups");
 #endif
 
 }  // namespace
 
-#ifndef DRAFTER_LAYOUTS_ONLY
+#if !defined(DRAFTER_LAYOUTS_ONLY) && WARP_SPEC
+#include "warp_specialized.cuh"
+extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
+    drafter_attention(DRAFTER_KERNEL_PARAMS, const __grid_constant__ TmaMap tma_k,
+                      const __grid_constant__ TmaMap tma_v) {
+  ws_attention_body(DRAFTER_BODY_ARGS, &tma_k, &tma_v);
+}
+#elif !defined(DRAFTER_LAYOUTS_ONLY)
 // The kernel's body takes the fields as parameters: __restrict__ holds for parameters only.
 __device__ __forceinline__ void attention_body(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k_blk, const elem_t* __restrict__ v_blk,

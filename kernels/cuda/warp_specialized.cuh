@@ -1,0 +1,411 @@
+// The warp-specialised body of drafter_attention (WARP_SPEC=1, sm_90a; cupy_backend `ws=1`).
+// Included by drafter_attention.cu after its tile layout and TMA constants, whose names it uses.
+//
+// One CTA of 1 + WS_CONSUMERS warpgroups (2 or 3 consumers), one CTA an SM:
+// - warpgroup 0, the producer: lane 0 of its first warp issues every context tile's bulk tensor
+//   copies (TMA) into a ring of STAGES K/V stages, each completing on that stage's `full`
+//   barrier; the warp's lanes hold the split's page ids, 32 at a time, a chunk ahead. The block's
+//   own K/V (the last split's last tile) the same warp copies by cp.async. The math warps never
+//   issue a copy or wait for a page id, and a tile's copies go out as soon as its stage is free.
+// - consumer 0 copies the CTA's Q rows into shared memory once, where S = Q K^T reads both
+//   operands (Q out of the consumers' registers lets three of them fit).
+// - warpgroups 1 .. WS_CONSUMERS, the consumers: consumer c takes tiles c, c + WS_CONSUMERS, ...
+//   (stage v % STAGES, STAGES a multiple of WS_CONSUMERS, so a stage always serves the same
+//   consumer and its barriers' phases follow that consumer's tiles in order). Each runs
+//   S = Q K^T and P V on wgmma with its own online softmax over its tiles, and frees the stage
+//   on its `empty` barrier. One consumer's softmax runs while another's wgmmas do, and no copy
+//   issue sits on their chain. Two consumers are as many math warps an SM as the pipelined
+//   kernel's two one-warpgroup CTAs; three are 1.5 times as many, at 160 registers a thread.
+// At the end each other consumer hands its rows (unnormalised O, max and sum) to consumer 0
+// through its own last stage, and consumer 0 merges them and writes the output or the split's
+// partial, as the other paths do. Rows: at most 64 a CTA (one wgmma M tile; ROW_SPLIT deals
+// more over CTAs).
+#pragma once
+
+#ifndef WS_CONSUMERS
+#define WS_CONSUMERS 2
+#endif
+namespace {
+constexpr int WS_THREADS = 128 * (1 + WS_CONSUMERS);
+static_assert(WS_CONSUMERS == 2 || WS_CONSUMERS == 3, "WARP_SPEC: 2 or 3 consumer warpgroups");
+static_assert(WGMMA && TMA_LOADS && NUM_WARPS == 4 && !Q_SMEM && !OVERLAP,
+              "WARP_SPEC: wgmma with TMA copies, 64-row consumers, its own Q stage");
+constexpr int Q_ELEMS = 64 * D;  // the CTA's 64 packed rows, in 64-column halves as a K tile
+// element offset of (row, col) in the Q stage: the 128-byte-swizzled K-major layout of tile_off
+__device__ __forceinline__ int q_off(int row, int col) {
+  const int c = col >> 3;
+  return (c >> 3) * 64 * 64 + row * 64 + (((c & 7) ^ (row & 7)) << 3);
+}
+static_assert(STAGES >= WS_CONSUMERS && STAGES % WS_CONSUMERS == 0,
+              "WARP_SPEC: stages a multiple of the consumers");
+static_assert(PAGE_SIZE == 0 || PAGE_SIZE >= N || (BOXES <= 32 && 32 % BOXES == 0),
+              "a tile's page ids lie in one chunk of 32");
+// consumer 1's O, as fp32 fragments, fits the K and V halves of one stage
+static_assert(DTILES * 4 * 128 * 4 <= 2 * TILE_ELEMS * 2, "the hand-over fits a stage");
+}  // namespace
+
+namespace drafter {
+// a named barrier among `count` threads (whole warps); 0 is __syncthreads'
+__device__ __forceinline__ void named_barrier(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// the register budget of the calling warpgroup (every warp of it executes this)
+template <int REGS>
+__device__ __forceinline__ void regs_down() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS>
+__device__ __forceinline__ void regs_up() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+}  // namespace drafter
+
+// Producer and consumer registers: 128 x 24 + 256 x 240 (2 consumers) or 384 x 160 (3) = 64512
+// of the SM's 65536.
+#ifndef WS_PRODUCER_REGS
+#define WS_PRODUCER_REGS 24
+#endif
+#ifndef WS_CONSUMER_REGS
+#define WS_CONSUMER_REGS (WS_CONSUMERS == 2 ? 240 : 160)
+#endif
+
+__device__ __forceinline__ void ws_attention_body(
+    const elem_t* __restrict__ q, const elem_t* __restrict__ k_blk, const elem_t* __restrict__ v_blk,
+    const elem_t* __restrict__ k_cache, const elem_t* __restrict__ v_cache,
+    const int* __restrict__ table, const int* __restrict__ ctx_lens, elem_t* __restrict__ out,
+    float* __restrict__ o_part, float* __restrict__ lse_part, int qb, int hq, int hkv, int group,
+    int table_stride, int capacity, int loc_stride, int mask_mode, int window, float scale_log2,
+    const TmaMap* __restrict__ tma_k, const TmaMap* __restrict__ tma_v) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  elem_t* sK = reinterpret_cast<elem_t*>(smem_raw);  // [STAGES][N][D] swizzled halves
+  elem_t* sV = sK + STAGES * TILE_ELEMS;
+  elem_t* sQ = sV + STAGES * TILE_ELEMS;  // [64][D]
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(sQ + Q_ELEMS);
+  unsigned long long* empty = full + STAGES;
+  unsigned long long* qbar = empty + STAGES;  // Q landed (consumer 0's threads)
+  // [WS_CONSUMERS - 1][4][128]: the m0 m1 l0 l1 of consumers 1.. for consumer 0
+  float* sML = reinterpret_cast<float*>(qbar + 1);
+
+  const int split = blockIdx.x / ROW_SPLIT, num_splits = gridDim.x / ROW_SPLIT;
+  const int kvh = blockIdx.y, b = blockIdx.z, batch = gridDim.z;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int M = qb * group;
+  int r_lo = 0, r_end = M;
+  if (ROW_SPLIT > 1) row_share(M, ROW_SPLIT, static_cast<int>(blockIdx.x % ROW_SPLIT), r_lo, r_end);
+
+  // this CTA's tiles, as in attention_body: context tiles [t0, t1), then the block if last split
+  const int P = max(0, min(ctx_lens[b], capacity));
+  const bool windowed = mask_mode != MASK_FULL;
+  const int lo = windowed ? max(0, P - window + 1) : 0;
+  const int t_lo = lo / N, t_hi = (P + N - 1) / N;
+  const int n_ctx = t_hi - t_lo;
+  const int t0 = t_lo + static_cast<int>(static_cast<long long>(n_ctx) * split / num_splits);
+  const int t1 = t_lo + static_cast<int>(static_cast<long long>(n_ctx) * (split + 1) / num_splits);
+  const int n_ctx_here = t1 - t0;
+  const int n_iter = n_ctx_here + (split == num_splits - 1 ? 1 : 0);
+  const int* trow = table + static_cast<long long>(b) * table_stride;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full + s, 1);  // the producer's arrival (plus the copies' bytes)
+      mbar_init(empty + s, 128);  // every thread of the consumer that read the stage
+    }
+    mbar_init(qbar, 128);
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ---- producer
+    regs_down<WS_PRODUCER_REGS>();
+    if (warp != 0 || SKIP_LOADS) return;
+    if (lane == 0) {
+      tma_prefetch_map(tma_k);
+      tma_prefetch_map(tma_v);
+    }
+#if PAGE_SIZE > 0
+    // lane L holds the id of the split's page 32 c + L of chunk c (-1 past the context: its
+    // boxes land as zeros), and the next chunk's in flight
+    const int pbase = t0 * N / PAGE_SIZE, p_end = (P + PAGE_SIZE - 1) / PAGE_SIZE;
+    auto chunk_ids = [&](int c) {
+      const int p = pbase + 32 * c + lane;
+      return p < p_end ? trow[p] : -1;
+    };
+    int chunk = 0, ids = chunk_ids(0), ids_next = chunk_ids(1);
+#else
+    const int slot = trow[0];
+#endif
+    for (int v = 0; v < n_iter; ++v) {
+      const int s = v % STAGES;
+      if (v >= STAGES) mbar_wait(empty + s, (v / STAGES - 1) & 1);  // its last reader is done
+      elem_t* dK = sK + s * TILE_ELEMS;
+      elem_t* dV = sV + s * TILE_ELEMS;
+      if (v < n_ctx_here) {
+        const int kt = (t0 + v) * N;  // the tile's first key
+#if PAGE_SIZE > 0
+        const int pi = kt / PAGE_SIZE - pbase;  // its first page, within the split
+        while (pi >= 32 * (chunk + 1)) {
+          ++chunk;
+          ids = ids_next;
+          ids_next = chunk_ids(chunk + 1);
+        }
+#endif
+        if (lane == 0) mbar_arrive_expect_tx(full + s, TILE_BYTES);
+#pragma unroll
+        for (int j = 0; j < BOXES; ++j) {
+          const int kb = kt + j * BOX_ROWS;
+#if PAGE_SIZE > 0
+          const int c1 = kb % PAGE_SIZE, c2 = kvh, c3 = __shfl_sync(0xffffffffu, ids, (pi + j) & 31);
+#else
+          const int c1 = kvh, c2 = kb, c3 = slot;  // arena map: {d, head, token, slot}
+#endif
+          if (lane == 0) {
+#pragma unroll
+            for (int h = 0; h < D / 64; ++h) {
+              const int off = h * HALF_ELEMS + j * BOX_ROWS * 64;
+              tma_load_4d(dK + off, tma_k, full + s, h * 64, c1, c2, c3);
+              tma_load_4d(dV + off, tma_v, full + s, h * 64, c1, c2, c3);
+            }
+          }
+        }
+      } else {
+        // the block's own K/V [B, Qb, Hkv, D]: rows past qb zero-filled
+        for (int c = lane; c < N * CPR; c += 32) {
+          const int row = c / CPR, col = (c % CPR) * 8;
+          const bool valid = row < qb;
+          const long long off = ((static_cast<long long>(b) * qb + (valid ? row : 0)) * hkv + kvh) * D + col;
+          cp_async_16(dK + tile_off(row, col), k_blk + off, valid);
+          cp_async_16(dV + tile_off(row, col), v_blk + off, valid);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        fence_proxy_async();  // read next by wgmma (the async proxy)
+        __syncwarp();
+        if (lane == 0) mbar_arrive(full + s);
+      }
+    }
+    return;
+  }
+
+  // ---- consumers
+  const int c = wg - 1, ctid = tid - 128 * wg, cwarp = ctid >> 5;
+  if (c == 0) {  // the CTA's Q rows (rows past its share zero-filled), issued before the wait
+    for (int i = ctid; i < 64 * CPR; i += 128) {
+      const int r = r_lo + i / CPR, col = (i % CPR) * 8;
+      const int qi = min(r / group, qb - 1);
+      const elem_t* src = q + ((static_cast<long long>(b) * qb + qi) * hq + kvh * group + r % group) * D + col;
+      cp_async_16(sQ + q_off(r - r_lo, col), r < r_end ? src : q, r < r_end);
+    }
+    cp_async_commit();
+  }
+  regs_up<WS_CONSUMER_REGS>();
+  if (c == 0) {
+    cp_async_wait<0>();
+    fence_proxy_async();  // read by wgmma
+    mbar_arrive(qbar);
+  }
+  const int g = lane >> 2, t4 = lane & 3;
+  const int r0 = r_lo + query_row(cwarp, g), r1 = r0 + 8;
+  const int i0 = min(r0 / group, qb - 1), i1 = min(r1 / group, qb - 1);
+  mbar_wait(qbar, 0);
+  auto reg_fence = [](float& x) { asm volatile("" : "+f"(x)::"memory"); };
+  float o[DTILES][4];
+#pragma unroll
+  for (int d = 0; d < DTILES; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+  for (int v = c; v < n_iter; v += WS_CONSUMERS) {
+    const int s = v % STAGES;
+    const elem_t* cK = sK + s * TILE_ELEMS;
+    elem_t* cV = sV + s * TILE_ELEMS;
+    if (!SKIP_LOADS) mbar_wait(full + s, (v / STAGES) & 1);
+    const bool is_block = v >= n_ctx_here;
+    const int kstart = (t0 + v) * N;
+    // V rows at or past P in the context's last tile hold whatever the page (slot) holds: zero
+    // them (their P is 0, and 0 * NaN would poison P V), visible to this consumer's wgmma
+    if (!SKIP_LOADS && !is_block && P - kstart < N) {
+      const int first = P - kstart;
+      for (int i = ctid; i < (N - first) * CPR; i += 128) {
+        const int r = first + i / CPR, col = (i % CPR) * 8;
+        *reinterpret_cast<uint4*>(cV + tile_off(r, col)) = make_uint4(0u, 0u, 0u, 0u);
+      }
+      fence_proxy_async();
+      named_barrier(1 + c, 128);
+    }
+    if (SKIP_COMPUTE) {
+      mbar_arrive(empty + s);
+      continue;
+    }
+    float sc[NTILES][4];
+#pragma unroll
+    for (int n = 0; n < NTILES; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks)
+      WgMma<N>::ss(sc, wgmma_desc_sw128(sQ + (ks >> 2) * 64 * 64 + (ks & 3) * 16, 16, 1024),
+                   wgmma_desc_sw128(cK + (ks >> 2) * HALF_ELEMS + (ks & 3) * 16, 16, 1024), ks > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int n = 0; n < NTILES; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) reg_fence(sc[n][e]);
+    }
+
+    // mask (only tiles some row cannot fully see), online softmax on raw scores: scale_log2 > 0,
+    // so the scaled max is the max scaled, and exp2's FMA applies the scale
+    const bool need_mask = is_block || kstart + N > P || (windowed && kstart <= P + qb - 1 - window);
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < NTILES; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (need_mask) {
+          const int col = n * 8 + 2 * t4 + (e & 1);
+          const int i = e < 2 ? i0 : i1;
+          bool vis;
+          if (is_block) {
+            const int dj = i - col;
+            vis = col < qb && (mask_mode == MASK_FULL ||
+                               (mask_mode == MASK_SLIDING ? (dj < window && -dj < window)
+                                                          : (dj >= 0 && dj < window)));
+          } else {
+            const int kp = kstart + col;
+            vis = kp < P && (!windowed || kp > P + i - window);
+          }
+          if (!vis) sc[n][e] = -INFINITY;
+        }
+      }
+      mx0 = fmaxf(mx0, fmaxf(sc[n][0], sc[n][1]));
+      mx1 = fmaxf(mx1, fmaxf(sc[n][2], sc[n][3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
+    const float mn0 = fmaxf(m0, mx0 * scale_log2), mn1 = fmaxf(m1, mx1 * scale_log2);
+    const float base0 = mn0 == -INFINITY ? 0.f : mn0;  // a fully masked row stays at zero
+    const float base1 = mn1 == -INFINITY ? 0.f : mn1;
+    const float a0 = fast_exp2(m0 - base0), a1 = fast_exp2(m1 - base1);
+    m0 = mn0;
+    m1 = mn1;
+    float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+    for (int n = 0; n < NTILES; ++n) {
+      sc[n][0] = fast_exp2(fmaf(sc[n][0], scale_log2, -base0));
+      sc[n][1] = fast_exp2(fmaf(sc[n][1], scale_log2, -base0));
+      sc[n][2] = fast_exp2(fmaf(sc[n][2], scale_log2, -base1));
+      sc[n][3] = fast_exp2(fmaf(sc[n][3], scale_log2, -base1));
+      ps0 += sc[n][0] + sc[n][1];
+      ps1 += sc[n][2] + sc[n][3];
+    }
+    l0 = l0 * a0 + ps0;
+    l1 = l1 * a1 + ps1;
+#pragma unroll
+    for (int d = 0; d < DTILES; ++d) {
+      o[d][0] *= a0;
+      o[d][1] *= a0;
+      o[d][2] *= a1;
+      o[d][3] *= a1;
+    }
+    wgmma_fence();  // o was rescaled by ordinary instructions
+#pragma unroll
+    for (int kk = 0; kk < N / 16; ++kk) {
+      const unsigned a[4] = {pack2(sc[2 * kk][0], sc[2 * kk][1]), pack2(sc[2 * kk][2], sc[2 * kk][3]),
+                             pack2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                             pack2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+      WgMma<D>::rs_tb(o, a, wgmma_desc_sw128(cV + kk * 16 * 64, HALF_ELEMS * 2, 1024), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int d = 0; d < DTILES; ++d) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) reg_fence(o[d][e]);
+    }
+    mbar_arrive(empty + s);  // this thread is done with the stage
+  }
+
+  // ---- consumers 1.. hand their rows to consumer 0, each through the stage of its own last
+  // tile (no tile is copied into it any more: that tile is one of the CTA's last WS_CONSUMERS),
+  // or its first stage if it had none
+  l0 += __shfl_xor_sync(0xffffffff, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffff, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffff, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffff, l1, 2);
+  constexpr int HALF_D = DTILES / 2;
+  // consumer k's hand-over: its O fragments in its stage's K (d < HALF_D) and V halves
+  auto handover = [&](int k, bool v_half) {
+    const int last = n_iter > k ? k + (n_iter - 1 - k) / WS_CONSUMERS * WS_CONSUMERS : k;
+    return reinterpret_cast<float*>((v_half ? sV : sK) + (last % STAGES) * TILE_ELEMS);
+  };
+  if (c > 0) {
+    float* xK = handover(c, false);
+    float* xV = handover(c, true);
+#pragma unroll
+    for (int d = 0; d < DTILES; ++d) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) (d < HALF_D ? xK : xV)[((d % HALF_D) * 4 + e) * 128 + ctid] = o[d][e];
+    }
+    float* ml = sML + (c - 1) * 512;
+    ml[ctid] = m0;
+    ml[128 + ctid] = m1;
+    ml[256 + ctid] = l0;
+    ml[384 + ctid] = l1;
+  }
+  named_barrier(4, 128 * WS_CONSUMERS);
+  if (c > 0) return;
+#pragma unroll 1
+  for (int k = 1; k < WS_CONSUMERS; ++k) {
+    const float* xK = handover(k, false);
+    const float* xV = handover(k, true);
+    const float* ml = sML + (k - 1) * 512;
+    const float om0 = ml[ctid], om1 = ml[128 + ctid];
+    const float mm0 = fmaxf(m0, om0), mm1 = fmaxf(m1, om1);
+    const float base0 = mm0 == -INFINITY ? 0.f : mm0, base1 = mm1 == -INFINITY ? 0.f : mm1;
+    const float a0 = fast_exp2(m0 - base0), b0 = fast_exp2(om0 - base0);
+    const float a1 = fast_exp2(m1 - base1), b1 = fast_exp2(om1 - base1);
+    l0 = l0 * a0 + ml[256 + ctid] * b0;
+    l1 = l1 * a1 + ml[384 + ctid] * b1;
+    m0 = mm0;
+    m1 = mm1;
+#pragma unroll
+    for (int d = 0; d < DTILES; ++d) {
+      const float* x = (d < HALF_D ? xK : xV) + (d % HALF_D) * 4 * 128 + ctid;
+      o[d][0] = o[d][0] * a0 + x[0] * b0;
+      o[d][1] = o[d][1] * a0 + x[128] * b0;
+      o[d][2] = o[d][2] * a1 + x[256] * b1;
+      o[d][3] = o[d][3] * a1 + x[384] * b1;
+    }
+  }
+
+  // ---- epilogue (consumer 0): the output, or this split's partial and log-sum-exp
+  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  const long long row_base = ((static_cast<long long>(split) * batch + b) * hkv + kvh) * M;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = half ? r1 : r0;
+    if (r >= r_end) continue;
+    const float inv = half ? inv1 : inv0;
+    if (num_splits == 1) {
+      elem_t* dst = out + ((static_cast<long long>(b) * qb + r / group) * hq + kvh * group + r % group) * D;
+#pragma unroll
+      for (int d = 0; d < DTILES; ++d)
+        *reinterpret_cast<unsigned*>(dst + d * 8 + 2 * t4) =
+            pack2(o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
+    } else {
+      float* dst = o_part + (row_base + r) * D;
+#pragma unroll
+      for (int d = 0; d < DTILES; ++d)
+        *reinterpret_cast<float2*>(dst + d * 8 + 2 * t4) =
+            make_float2(o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
+      if (t4 == 0) {
+        const float l = half ? l1 : l0, m = half ? m1 : m0;
+        lse_part[row_base + r] = l > 0.f ? m + log2f(l) : -INFINITY;
+      }
+    }
+  }
+}
