@@ -1,0 +1,91 @@
+"""CPU: the warp-specialised kernel, `cupy:ws=2` / `=3` (kernels/cuda/warp_specialized.cuh).
+
+Which shapes and knobs it takes (refused before any kernel runs, with the reason), the defines
+and shared memory the host plans for it, and that its sm_90a variants compile (the two-consumer
+ones without spills). The GPU matrix (tests/test_backends_gpu.py, "cupy:ws=2", "cupy:ws=3")
+checks its results on an H200.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from drafter_attn.kernels import cupy_backend as cb
+from drafter_attn.kernels import registry
+from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
+from drafter_attn.kernels.spec import Problem
+
+
+def _problem(preset=MAIN_PRESET, page=64, batch=1, ctx=8192):
+    return Problem(get_preset(preset), "paged" if page else "arena", page, batch, ctx)
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_defaults_take_its_own_pipeline(ws):
+    p = registry.from_spec(f"cupy:ws={ws}").params_for(_problem(), 90)
+    assert (p.ws, p.stages, p.overlap, p.tma, p.lean, p.row_split) == (ws, cb.WS_STAGES, 0, False, False, 1)
+    assert cb.supports(_problem(), p, 90) is None
+
+
+@pytest.mark.parametrize("preset,rows_per_cta", [("laguna-dflash", 48), ("qwen3-coder-30b-dflash", 64)])
+def test_more_than_64_rows_are_dealt_over_ctas(preset, rows_per_cta):
+    backend = registry.from_spec("cupy:ws=2")
+    p = backend.params_for(_problem(preset), 90)
+    g = get_preset(preset)
+    assert cb.cta_rows(g.block_size, g.group, p.row_split) == rows_per_cta
+    assert backend.supports(_problem(preset), 90) is None
+    # pinned to one CTA the rows do not fit one consumer warpgroup
+    reason = registry.from_spec("cupy:ws=2,row_split=1").supports(_problem(preset), 90)
+    assert reason and "at most 64 packed query rows" in reason
+
+
+@pytest.mark.parametrize("spec,words", [
+    ("cupy:ws=2,stages=3", "multiple of its 2 consumers"),
+    ("cupy:ws=3,stages=4", "multiple of its 3 consumers"),
+    ("cupy:ws=2,tma=1", "loads its own tiles"),
+    ("cupy:ws=2,overlap=2", "loads its own tiles"),
+    ("cupy:ws=2,lean=1", "loads its own tiles"),
+    ("cupy:ws=2,wgmma=0", "runs on wgmma"),
+])
+def test_refused_combinations_say_why(spec, words):
+    assert words in registry.from_spec(spec).supports(_problem(), 90)
+
+
+def test_only_sm90_and_only_2_or_3_consumers():
+    assert "sm_90a" in registry.from_spec("cupy:ws=2").supports(_problem(), 100)
+    with pytest.raises(ValueError, match="ws"):
+        registry.from_spec("cupy:ws=1")
+    assert cb.tunables()["ws"] == [0, 2, 3]
+    assert registry.from_spec("cupy").params_for(_problem(), 90).ws == 0  # opt-in
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_defines_and_shared_memory(ws):
+    p = registry.from_spec(f"cupy:ws={ws}").params_for(_problem(), 90)
+    d = cb.variant_defines("bfloat16", 128, 64, 16, 4, p, 90)
+    assert (d["WARP_SPEC"], d["TMA_LOADS"], d["WS_CONSUMERS"], d["NUM_WARPS"], d["WGMMA"]) == (1, 1, ws, 4, 1)
+    assert "OVERLAP" not in d and "LEAN" not in d
+    # 6 stages of 64-key K and V tiles, the Q stage, barriers and the hand-over's row statistics
+    need = p.smem_bytes(128, 4, True, 64)
+    assert need == 6 * 2 * 64 * 128 * 2 + 64 * 128 * 2 + 6 * 16 + 8 + (ws - 1) * 2048
+    assert need <= cb.sm_budget(90).smem_block
+    assert cb.ws_threads(ws) == 128 * (1 + ws)
+
+
+@pytest.mark.parametrize("page,head_dim", [(8, 128), (16, 128), (64, 128), (128, 128), (None, 128),
+                                           (16, 64)])
+def test_two_consumer_variants_compile_without_spills(cache_dir, page, head_dim):
+    preset = "gpt-oss-20b-dflash" if head_dim == 64 else MAIN_PRESET
+    g = get_preset(preset)
+    p = registry.from_spec("cupy:ws=2").params_for(_problem(preset, page), 90)
+    res = cb.compile_variant(cb.variant_defines("bfloat16", head_dim, page, g.block_size, g.group,
+                                                p, 90), 90)
+    attn = res.resources["drafter_attention"]
+    assert res.arch == "sm_90a" and res.spills == 0
+    assert attn.registers <= 168  # 384 threads, one CTA an SM (setmaxnreg moves them per warpgroup)
+
+
+def test_three_consumer_variant_compiles(cache_dir):
+    p = registry.from_spec("cupy:ws=3").params_for(_problem(), 90)
+    res = cb.compile_variant(cb.variant_defines("float16", 128, 16, 16, 4, p, 90), 90)
+    assert res.resources["drafter_attention"].registers <= 128  # 512 threads
