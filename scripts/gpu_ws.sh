@@ -4,14 +4,15 @@
 # the read floor and FlashInfer's per-shape plan, at the rows issues 11 and 12 miss.
 #   OUT=/some/dir bash scripts/gpu_ws.sh        (repository root; carry .whl)
 # 1. pytest -m gpu tests/test_backends_gpu.py -k "ws and not cutlass"        -> tests.log
-# 2. main preset, page 64: B=1 2k/8k/32k, B=4 8k, B=8 8k, B=1 128k, 2 rounds -> small.md
+# 2. main preset, page 64: B=1 2k/8k/32k, B=4 8k, B=8 8k, 2 rounds             -> small.md
+#    and B=1 128k, also at 16 splits                                          -> long.md
 # 3. main preset, page 16: B=32 8k/32k against the arena                       -> page16.md
 # 4. laguna-dflash page 64, B=8 and B=32 ctx 8k                                -> laguna.md
 # IMPL (default below) names the variants of table 2, IMPL2 those of tables 3 and 4.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 budgeted_run gpu_ws
-IMPL=${IMPL:-"cupy;cupy:ws=2;cupy:ws=3"}
+IMPL=${IMPL:-"cupy;cupy:ws=2;cupy:ws=2,skip_compute=1"}
 IMPL2=${IMPL2:-"cupy;cupy:ws=2"}
 {
   timeout 120 python3 scripts/precompile_gpu_matrix.py cupy:ws=2 cupy:ws=3
@@ -31,16 +32,17 @@ table() {  # table NAME SECONDS ARGS...
     --db "$db" --out "$OUT/$name" "$@" > "$OUT/$name/table.log" 2>&1
   echo "$name rc=$? after ${SECONDS}s" | tee -a "$OUT/summary.txt"
 }
-table small 170 --shapes ${SHAPES:-1x2k,1x8k,1x32k,4x8k,8x8k,1x128k} --page 64 --rounds 2 --impl "$IMPL" \
+table small 150 --shapes ${SHAPES:-1x2k,1x8k,1x32k,4x8k,8x8k} --page 64 --rounds 2 --impl "$IMPL" \
   --baseline flashinfer-fa2
+table long 60 --shapes 1x128k --page 64 --impl "cupy;cupy:ws=2;cupy:ws=2,num_splits=16" --baseline none
 table page16 80 --shapes 32x8k,32x32k --page 16 --impl "$IMPL2" --baseline none
 table laguna 60 --preset laguna-dflash --shapes 8x8k,32x8k --page 64 --impl "$IMPL2" --baseline none
-for name in small page16 laguna; do
+for name in small long page16 laguna; do
   f="$OUT/$name/attention_rounds.md"; [ -f "$f" ] || f="$OUT/$name/attention.md"
   [ -f "$f" ] && cp "$f" "$OUT/$name.md"
 done
-tar czf "$OUT/logs.tgz" -C "$OUT" precompile.log small page16 laguna 2>/dev/null
-rm -rf "$OUT/small" "$OUT/page16" "$OUT/laguna" "$OUT/precompile.log"
-for name in small page16 laguna; do
+tar czf "$OUT/logs.tgz" -C "$OUT" precompile.log small long page16 laguna 2>/dev/null
+rm -rf "$OUT/small" "$OUT/long" "$OUT/page16" "$OUT/laguna" "$OUT/precompile.log"
+for name in small long page16 laguna; do
   echo "== $name"; [ -f "$OUT/$name.md" ] && grep -E "^\| " "$OUT/$name.md" | cut -c1-170 | head -40
 done
