@@ -65,11 +65,6 @@ __device__ __forceinline__ void regs_up() {
 
 // Producer and consumer registers: 128 x 24 + 256 x 240 (2 consumers) or 384 x 160 (3) = 64512
 // of the SM's 65536.
-#ifndef WS_PIPELINE
-// consumers issue their next tile's S before this tile's softmax: two consumers (240 registers
-// hold both score tiles); three keep one (at 160 registers the pipelined loop spills 180 bytes)
-#define WS_PIPELINE (WS_CONSUMERS == 2)
-#endif
 #ifndef WS_PRODUCER_REGS
 #define WS_PRODUCER_REGS 24
 #endif
@@ -222,18 +217,16 @@ __device__ __forceinline__ void ws_attention_body(
   for (int d = 0; d < DTILES; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
-  // Tile v of this consumer: wait for it, zero its V rows past the context, then (unless
-  // SKIP_COMPUTE) issue S(v) = Q K(v)^T into `sn` as one wgmma group.
-  float sn[NTILES][4];
-#pragma unroll
-  for (int n = 0; n < NTILES; ++n) sn[n][0] = sn[n][1] = sn[n][2] = sn[n][3] = 0.f;
-  auto start_tile = [&](int v) {
-    const int s = v % STAGES, kstart = (t0 + v) * N;
+  for (int v = c; v < n_iter; v += WS_CONSUMERS) {
+    const int s = v % STAGES;
+    const elem_t* cK = sK + s * TILE_ELEMS;
+    elem_t* cV = sV + s * TILE_ELEMS;
     if (!SKIP_LOADS) mbar_wait(full + s, (v / STAGES) & 1);
+    const bool is_block = v >= n_ctx_here;
+    const int kstart = (t0 + v) * N;
     // V rows at or past P in the context's last tile hold whatever the page (slot) holds: zero
     // them (their P is 0, and 0 * NaN would poison P V), visible to this consumer's wgmma
-    if (!SKIP_LOADS && v < n_ctx_here && P - kstart < N) {
-      elem_t* cV = sV + s * TILE_ELEMS;
+    if (!SKIP_LOADS && !is_block && P - kstart < N) {
       const int first = P - kstart;
       for (int i = ctid; i < (N - first) * CPR; i += 128) {
         const int r = first + i / CPR, col = (i % CPR) * 8;
@@ -242,60 +235,25 @@ __device__ __forceinline__ void ws_attention_body(
       fence_proxy_async();
       named_barrier(1 + c, 128);
     }
-    if (SKIP_COMPUTE) return;
-    const elem_t* cK = sK + s * TILE_ELEMS;
+    if (SKIP_COMPUTE) {
+      mbar_arrive(empty + s);
+      continue;
+    }
+    float sc[NTILES][4];
+#pragma unroll
+    for (int n = 0; n < NTILES; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ++ks)
-      WgMma<N>::ss(sn, wgmma_desc_sw128(sQ + (ks >> 2) * 64 * 64 + (ks & 3) * 16, 16, 1024),
+      WgMma<N>::ss(sc, wgmma_desc_sw128(sQ + (ks >> 2) * 64 * 64 + (ks & 3) * 16, 16, 1024),
                    wgmma_desc_sw128(cK + (ks >> 2) * HALF_ELEMS + (ks & 3) * 16, 16, 1024), ks > 0);
     wgmma_commit();
-  };
-  auto fence_acc = [&]() {  // after a wgmma.wait_group: the accumulators are final from here
+    wgmma_wait<0>();
 #pragma unroll
     for (int n = 0; n < NTILES; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) reg_fence(sn[n][e]);
+      for (int e = 0; e < 4; ++e) reg_fence(sc[n][e]);
     }
-#pragma unroll
-    for (int d = 0; d < DTILES; ++d) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) reg_fence(o[d][e]);
-    }
-  };
-
-  // Software-pipelined (WS_PIPELINE): S of this consumer's next tile runs on the tensor cores
-  // while this tile's softmax runs, P V queues behind it, and one wait ends the iteration (the
-  // next tile's stage is already this consumer's, so nothing else changes). Otherwise each tile
-  // waits for its S before the softmax.
-  if (c < n_iter) {
-    start_tile(c);
-    if (!SKIP_COMPUTE && !WS_PIPELINE) {
-      wgmma_wait<0>();
-      fence_acc();
-    }
-  }
-  for (int v = c; v < n_iter; v += WS_CONSUMERS) {
-    const int s = v % STAGES, vn = v + WS_CONSUMERS;
-    if (SKIP_COMPUTE) {
-      mbar_arrive(empty + s);
-      if (vn < n_iter) start_tile(vn);
-      continue;
-    }
-    if (WS_PIPELINE) {
-      wgmma_wait<0>();  // S(v)
-      fence_acc();
-    }
-    const elem_t* cV = sV + s * TILE_ELEMS;
-    const bool is_block = v >= n_ctx_here;
-    const int kstart = (t0 + v) * N;
-    float sc[NTILES][4];
-#pragma unroll
-    for (int n = 0; n < NTILES; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sc[n][e] = sn[n][e];
-    }
-    if (WS_PIPELINE && vn < n_iter) start_tile(vn);  // S(vn) under this tile's softmax
 
     // mask (only tiles some row cannot fully see), online softmax on raw scores: scale_log2 > 0,
     // so the scaled max is the max scaled, and exp2's FMA applies the scale
@@ -362,14 +320,13 @@ __device__ __forceinline__ void ws_attention_body(
       WgMma<D>::rs_tb(o, a, wgmma_desc_sw128(cV + kk * 16 * 64, HALF_ELEMS * 2, 1024), 1);
     }
     wgmma_commit();
-    wgmma_wait<0>();  // P(v) V(v) (and S(vn) when pipelined)
-    fence_acc();
-    mbar_arrive(empty + s);  // this thread is done with the stage
-    if (!WS_PIPELINE && vn < n_iter) {
-      start_tile(vn);
-      wgmma_wait<0>();
-      fence_acc();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int d = 0; d < DTILES; ++d) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) reg_fence(o[d][e]);
     }
+    mbar_arrive(empty + s);  // this thread is done with the stage
   }
 
   // ---- consumers 1.. hand their rows to consumer 0, each through the stage of its own last
