@@ -29,3 +29,14 @@ budgeted_run() {
     git log -1 --format='commit %h %s' 2>/dev/null
   } > "$OUT/summary.txt"
 }
+# `budgeted_table NAME SECONDS ARGS...` (inside a budgeted run): one bench.attention_table run into
+# $OUT/NAME recorded in the run's database, at most SECONDS and never past the budget less
+# $RESERVE seconds (default 60: what the script still does after its tables)
+budgeted_table() {
+  local name=$1 t=$2; shift 2
+  mkdir -p "$OUT/$name"
+  timeout -s INT -k 10 "$(clamp "$t" $(( $(left) - ${RESERVE:-60} )) 20)" \
+    python3 -m drafter_attn.bench.attention_table --db "$db" --out "$OUT/$name" "$@" \
+    > "$OUT/$name/table.log" 2>&1
+  echo "$name rc=$? after ${SECONDS}s" | tee -a "$OUT/summary.txt"
+}

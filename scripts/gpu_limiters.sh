@@ -24,17 +24,10 @@ PAGE16="cupy;cupy:skip_loads=1;cupy:skip_compute=1;cupy:tma=0"
 } > "$OUT/precompile.log" 2>&1
 tail -n 1 "$OUT/precompile.log" | tee -a "$OUT/summary.txt"
 
-table() {  # table NAME SECONDS ARGS...
-  local name=$1 t=$2; shift 2
-  mkdir -p "$OUT/$name"
-  timeout -s INT -k 10 "$(clamp "$t" $(( $(left) - 60 )) 20)" python3 -m drafter_attn.bench.attention_table \
-    --db "$db" --out "$OUT/$name" "$@" > "$OUT/$name/table.log" 2>&1
-  echo "$name rc=$? after ${SECONDS}s" | tee -a "$OUT/summary.txt"
-}
-table laguna 150 --preset laguna-dflash --shapes 8x8k,32x8k --page 64 --rounds 2 --impl "$LAGUNA" \
+budgeted_table laguna 150 --preset laguna-dflash --shapes 8x8k,32x8k --page 64 --rounds 2 --impl "$LAGUNA" \
   --baseline auto
-table long 130 --shapes 1x128k,1x512k,4x128k --page 64 --impl "$LONG" --baseline flashinfer-fa2
-table page16 100 --shapes 32x8k,32x32k --page 16 --rounds 2 --impl "$PAGE16" --baseline none
+budgeted_table long 130 --shapes 1x128k,1x512k,4x128k --page 64 --impl "$LONG" --baseline flashinfer-fa2
+budgeted_table page16 100 --shapes 32x8k,32x32k --page 16 --rounds 2 --impl "$PAGE16" --baseline none
 
 cases=""
 for impl in cupy cupy:skip_compute=1 cupy:skip_loads=1; do cases+="32 8192 64 $impl laguna-dflash"$'\n'; done

@@ -16,8 +16,8 @@ IMPL=${IMPL:-"cupy;cupy:ws=2;cupy:ws=2,skip_compute=1"}
 IMPL2=${IMPL2:-"cupy;cupy:ws=2"}
 {
   timeout 120 python3 scripts/precompile_gpu_matrix.py cupy:ws=2 cupy:ws=3
-  timeout 100 python3 scripts/precompile_gpu_matrix.py --no-tests --table "$IMPL" --page 16,64
-  timeout 60 python3 scripts/precompile_gpu_matrix.py --no-tests --table "$IMPL" --preset laguna-dflash --page 64
+  timeout 100 python3 scripts/precompile_gpu_matrix.py --no-tests --table "$IMPL;$IMPL2" --page 16,64
+  timeout 60 python3 scripts/precompile_gpu_matrix.py --no-tests --table "$IMPL2" --preset laguna-dflash --page 64
 } > "$OUT/precompile.log" 2>&1
 tail -n 1 "$OUT/precompile.log" | tee -a "$OUT/summary.txt"
 if [ -z "${SKIP_TESTS:-}" ]; then
@@ -25,18 +25,12 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     -x -p no:cacheprovider > "$OUT/tests.log" 2>&1
   echo "tests rc=$? after ${SECONDS}s: $(tail -n 1 "$OUT/tests.log")" | tee -a "$OUT/summary.txt"
 fi
-table() {  # table NAME SECONDS ARGS...
-  local name=$1 t=$2; shift 2
-  mkdir -p "$OUT/$name"
-  timeout -s INT -k 10 "$(clamp "$t" $(( $(left) - 30 )) 20)" python3 -m drafter_attn.bench.attention_table \
-    --db "$db" --out "$OUT/$name" "$@" > "$OUT/$name/table.log" 2>&1
-  echo "$name rc=$? after ${SECONDS}s" | tee -a "$OUT/summary.txt"
-}
-table small 150 --shapes ${SHAPES:-1x2k,1x8k,1x32k,4x8k,8x8k} --page 64 --rounds 2 --impl "$IMPL" \
+RESERVE=30
+budgeted_table small 150 --shapes ${SHAPES:-1x2k,1x8k,1x32k,4x8k,8x8k} --page 64 --rounds 2 --impl "$IMPL" \
   --baseline flashinfer-fa2
-table long 60 --shapes 1x128k --page 64 --impl "cupy;cupy:ws=2;cupy:ws=2,num_splits=16" --baseline none
-table page16 80 --shapes 32x8k,32x32k --page 16 --impl "$IMPL2" --baseline none
-table laguna 60 --preset laguna-dflash --shapes 8x8k,32x8k --page 64 --impl "$IMPL2" --baseline none
+budgeted_table long 60 --shapes 1x128k --page 64 --impl "cupy;cupy:ws=2;cupy:ws=2,num_splits=16" --baseline none
+budgeted_table page16 80 --shapes 32x8k,32x32k --page 16 --impl "$IMPL2" --baseline none
+budgeted_table laguna 60 --preset laguna-dflash --shapes 8x8k,32x8k --page 64 --impl "$IMPL2" --baseline none
 for name in small long page16 laguna; do
   f="$OUT/$name/attention_rounds.md"; [ -f "$f" ] || f="$OUT/$name/attention.md"
   [ -f "$f" ] && cp "$f" "$OUT/$name.md"
