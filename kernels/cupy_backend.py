@@ -275,10 +275,10 @@ def tma_reason(params: Params, head_dim: int, warps: int, sm: int | None = None)
 
 
 def ws_reason(params: Params, head_dim: int, warps: int, sm: int | None = None) -> str | None:
-    """Why `params.ws` cannot apply (None when it can, or is off): sm_90a, consumers of one
-    warpgroup (at most 64 packed rows a CTA; `row_split` deals more), wgmma tiles, an even
-    number of stages, Q in registers; its loads are its own, so none of the pipelined path's
-    knobs (overlap, tma, lean)."""
+    """Why `params.ws` cannot apply (None when it can, or is off): 2 or 3 consumers, sm_90a,
+    consumers of one warpgroup (at most 64 packed rows a CTA; `row_split` deals more), wgmma
+    tiles, stages a multiple of the consumers; its loads and its Q stage are its own, so none of
+    the pipelined path's knobs (q_smem, overlap, tma, lean)."""
     if not params.ws:
         return None
     if params.ws not in (2, 3):
@@ -467,25 +467,23 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     of 48 rows, each as the main preset's); `wgmma=True` takes `PADDED_WGMMA` instead (3
     warpgroups: 32-key tiles in 8 stages, Q in registers, not pipelined). Pipelined tiles that
     cp.async loads (below TMA's batch and context) take `lean`. The split combine runs
-    a CTA a row up to `COMBINE_CTA_MAX_ROWS` packed rows a call, a warp a row above."""
+    a CTA a row up to `COMBINE_CTA_MAX_ROWS` packed rows a call, a warp a row above. With `ws`
+    (opt-in) the warp-specialised kernel takes `WS_STAGES` stages and deals more than 64 rows
+    over CTAs (`row_split`), and nothing of the pipelined path."""
+    if problem is not None and "combine" not in overrides:
+        g = problem.geometry
+        rows = problem.batch * g.block_size * g.num_q_heads
+        overrides = {"combine": 2 if rows <= COMBINE_CTA_MAX_ROWS else 1, **overrides}
     if overrides.get("ws"):  # its own pipeline: none of the pipelined path's knobs
         overrides = {"stages": WS_STAGES, **overrides}
         if problem is not None and "row_split" not in overrides:
-            g = problem.geometry
-            rows = g.block_size * g.group
-            overrides["row_split"] = -(-rows // 64)  # consumers of one warpgroup: 64 rows a CTA
-        if problem is not None and "combine" not in overrides:
-            rows = problem.batch * problem.geometry.block_size * problem.geometry.num_q_heads
-            overrides["combine"] = 2 if rows <= COMBINE_CTA_MAX_ROWS else 1
+            g = problem.geometry  # consumers of one warpgroup: at most 64 rows a CTA
+            overrides["row_split"] = -(-g.block_size * g.group // 64)
         return sm_defaults(Params, MANY_WARPS, problem, sm, overrides)
     many = MANY_WARPS
     row_split = 1 if problem is None else _row_split_default(problem, sm, overrides)
     if row_split > 1:
         overrides = {"row_split": row_split, **overrides}
-    if problem is not None and "combine" not in overrides:
-        g = problem.geometry
-        rows = problem.batch * g.block_size * g.num_q_heads
-        overrides = {"combine": 2 if rows <= COMBINE_CTA_MAX_ROWS else 1, **overrides}
     if problem is not None and _padded_wgmma(problem, sm, overrides):
         many = PADDED_WGMMA  # 3 warpgroups
         overrides = {"wgmma": True, **overrides}
