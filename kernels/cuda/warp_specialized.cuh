@@ -1,4 +1,4 @@
-// The warp-specialised body of drafter_attention (WARP_SPEC=1, sm_90a; cupy_backend `ws=1`).
+// The warp-specialised body of drafter_attention (WARP_SPEC=1, sm_90a; cupy_backend `ws=2`, `=3`).
 // Included by drafter_attention.cu after its tile layout and TMA constants, whose names it uses.
 //
 // One CTA of 1 + WS_CONSUMERS warpgroups (2 or 3 consumers), one CTA an SM:
@@ -8,7 +8,7 @@
 //   own K/V (the last split's last tile) the same warp copies by cp.async. The math warps never
 //   issue a copy or wait for a page id, and a tile's copies go out as soon as its stage is free.
 // - consumer 0 copies the CTA's Q rows into shared memory once, where S = Q K^T reads both
-//   operands (Q out of the consumers' registers lets three of them fit).
+//   operands (32 registers a thread fewer; three consumers still spill 64-80 bytes at 160).
 // - warpgroups 1 .. WS_CONSUMERS, the consumers: consumer c takes tiles c, c + WS_CONSUMERS, ...
 //   (stage v % STAGES, STAGES a multiple of WS_CONSUMERS, so a stage always serves the same
 //   consumer and its barriers' phases follow that consumer's tiles in order). Each runs
@@ -16,6 +16,9 @@
 //   on its `empty` barrier. One consumer's softmax runs while another's wgmmas do, and no copy
 //   issue sits on their chain. Two consumers are as many math warps an SM as the pipelined
 //   kernel's two one-warpgroup CTAs; three are 1.5 times as many, at 160 registers a thread.
+//   Measured on the H200 (results/perf-notes.md, "A producer warpgroup and consumer
+//   warpgroups"): two are 3-5% faster than the pipelined kernel below batch 8, slower at large
+//   batch, long contexts and laguna; three are slower than two.
 // At the end each other consumer hands its rows (unnormalised O, max and sum) to consumer 0
 // through its own last stage, and consumer 0 merges them and writes the output or the split's
 // partial, as the other paths do. Rows: at most 64 a CTA (one wgmma M tile; ROW_SPLIT deals
