@@ -41,7 +41,7 @@
 #define LEAN 0  // fewer instructions a tile: see the LEAN blocks (issue, the softmax)
 #endif
 #ifndef WARP_SPEC
-#define WARP_SPEC 0  // a producer warpgroup and two consumer warpgroups: warp_specialized.cuh
+#define WARP_SPEC 0  // a producer warpgroup and WS_CONSUMERS consumer warpgroups: warp_specialized.cuh
 #endif
 // cache_offset, and the drafter_combine / drafter_store kernels of this module
 #include "combine_store.cuh"
@@ -168,7 +168,7 @@ constexpr int BOX_ROWS = (PAGE_SIZE > 0 && PAGE_SIZE < N) ? PAGE_SIZE : N;
 constexpr int BOXES = N / BOX_ROWS;
 constexpr unsigned TILE_BYTES = 2u * N * D * sizeof(elem_t);
 static_assert((OVERLAP || WARP_SPEC) && !Q_SMEM,
-              "TMA feeds the pipelined or warp-specialised wgmma path with Q in registers");
+              "TMA feeds the pipelined wgmma path (Q in registers) or the warp-specialised one");
 // A tile's COPIES box copies (K and V, each 64-column half, each box) are spread over ISSUERS
 // warps, lane 0 of warp w issuing copies w, w + ISSUERS, ...: one warp per SM sub-partition,
 // so no one math warp spends a tile's worth of issue slots (16 copies at page 16, 32 at page 8)

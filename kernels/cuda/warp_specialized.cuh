@@ -214,7 +214,14 @@ __device__ __forceinline__ void ws_attention_body(
   const int r0 = r_lo + query_row(cwarp, g), r1 = r0 + 8;
   const int i0 = min(r0 / group, qb - 1), i1 = min(r1 / group, qb - 1);
   mbar_wait(qbar, 0);
-  auto reg_fence = [](float& x) { asm volatile("" : "+f"(x)::"memory"); };
+  // After a wgmma.wait_group: the compiler may not move reads of accumulator `x` above it
+  auto acc_fence = [](auto& x) {
+#pragma unroll
+    for (auto& row : x) {
+#pragma unroll
+      for (float& e : row) asm volatile("" : "+f"(e)::"memory");
+    }
+  };
   float o[DTILES][4];
 #pragma unroll
   for (int d = 0; d < DTILES; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
@@ -252,11 +259,7 @@ __device__ __forceinline__ void ws_attention_body(
                    wgmma_desc_sw128(cK + (ks >> 2) * HALF_ELEMS + (ks & 3) * 16, 16, 1024), ks > 0);
     wgmma_commit();
     wgmma_wait<0>();
-#pragma unroll
-    for (int n = 0; n < NTILES; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) reg_fence(sc[n][e]);
-    }
+    acc_fence(sc);
 
     // mask (only tiles some row cannot fully see), online softmax on raw scores: scale_log2 > 0,
     // so the scaled max is the max scaled, and exp2's FMA applies the scale
@@ -324,11 +327,7 @@ __device__ __forceinline__ void ws_attention_body(
     }
     wgmma_commit();
     wgmma_wait<0>();
-#pragma unroll
-    for (int d = 0; d < DTILES; ++d) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) reg_fence(o[d][e]);
-    }
+    acc_fence(o);
     mbar_arrive(empty + s);  // this thread is done with the stage
   }
 
