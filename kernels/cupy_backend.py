@@ -86,6 +86,11 @@ class Params:
     # consumers, which take the tiles in turn and merge at the end
     # (kernels/cuda/warp_specialized.cuh; `ws_reason`)
 
+    @property
+    def tensor_maps(self) -> bool:
+        """Whether the variant reads its context tiles through TMA tensor maps (`tma`, `ws`)."""
+        return self.tma or bool(self.ws)
+
     def smem_bytes(self, head_dim: int, warps: int, wgmma: bool = False,
                    page_size: int | None = None) -> int:
         """`warps`: the CTA's 16-row warps; Q in shared memory holds 16 rows a warp, of whole
@@ -290,8 +295,9 @@ def ws_reason(params: Params, head_dim: int, warps: int, sm: int | None = None) 
                 f"warps); row_split deals more over CTAs")
     if params.wgmma is not None and not params.wgmma:
         return "ws runs on wgmma: wgmma=0 has no warp-specialised variant"
-    if params.tile_n not in (32, 64, 128) or head_dim not in (64, 128):
-        return f"ws needs tile_n 32/64/128 and head_dim 64/128 (tile_n={params.tile_n})"
+    if params.tile_n not in (64, 128) or head_dim not in (64, 128):
+        # a consumer hands its 64 x head_dim fp32 O to the first through one K/V stage
+        return f"ws needs tile_n 64/128 and head_dim 64/128 (tile_n={params.tile_n})"
     if params.stages < params.ws or params.stages % params.ws:
         return (f"ws={params.ws} needs stages a multiple of its {params.ws} consumers "
                 f"(stages={params.stages})")
@@ -1162,7 +1168,7 @@ class CupyBackend:
         part_elems, lse_elems = partial_elems(dims.batch, dims.num_kv_heads, rows, dims.head_dim,
                                               splits)
         maps = None
-        if getattr(p, "tma", False) or getattr(p, "ws", False):  # cutlass has neither
+        if getattr(p, "tensor_maps", False):  # cutlass's Params have no TMA variant
             maps = _tma_maps(k_cache, v_cache, dims.page_size, p.tile_n)
         packed = (TmaDrafterParams if maps else DrafterParams)(
             loc_stride=loc_stride(k_cache, dims.page_size), qb=dims.block_size, hq=dims.num_q_heads,

@@ -46,6 +46,7 @@ def test_more_than_64_rows_are_dealt_over_ctas(preset, rows_per_cta):
     ("cupy:ws=2,overlap=2", "loads its own tiles"),
     ("cupy:ws=2,lean=1", "loads its own tiles"),
     ("cupy:ws=2,wgmma=0", "runs on wgmma"),
+    ("cupy:ws=2,tile_n=32", "tile_n 64/128"),  # the hand-over needs a stage of 64 keys
 ])
 def test_refused_combinations_say_why(spec, words):
     assert words in registry.from_spec(spec).supports(_problem(), 90)
@@ -70,6 +71,8 @@ def test_defines_and_shared_memory(ws):
     assert need == 6 * 2 * 64 * 128 * 2 + 64 * 128 * 2 + 6 * 16 + 8 + (ws - 1) * 2048
     assert need <= cb.sm_budget(90).smem_block
     assert cb.ws_threads(ws) == 128 * (1 + ws)
+    assert p.tensor_maps and registry.from_spec("cupy:tma=1").params_for(_problem(), 90).tensor_maps
+    assert not registry.from_spec("cupy").params_for(_problem(), 90).tensor_maps
 
 
 @pytest.mark.parametrize("page,head_dim", [(8, 128), (16, 128), (64, 128), (128, 128), (None, 128),
