@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The warp-specialised kernel (`cupy:ws=2` / `=3`, kernels/cuda/warp_specialized.cuh) on one H200,
 # in one device call of at most 9 minutes: its GPU tests, then one layer beside the default kernel,
-# the read floor and FlashInfer's per-shape plan, at the rows issues 11 and 12 miss.
+# the read floor and FlashInfer's per-shape and graph-mode plans, at the rows issues 11 and 12 miss.
 #   OUT=/some/dir bash scripts/gpu_ws.sh        (repository root; carry .whl)
 # 1. pytest -m gpu tests/test_backends_gpu.py -k "ws and not cutlass"        -> tests.log
 # 2. main preset, page 64: B=1 2k/8k/32k, B=4 8k, B=8 8k, 2 rounds             -> small.md
@@ -27,7 +27,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 fi
 RESERVE=30
 budgeted_table small 150 --shapes ${SHAPES:-1x2k,1x8k,1x32k,4x8k,8x8k} --page 64 --rounds 2 --impl "$IMPL" \
-  --baseline flashinfer-fa2
+  --baseline flashinfer-fa2,flashinfer-fa2-graph
 budgeted_table long 60 --shapes 1x128k --page 64 --impl "cupy;cupy:ws=2;cupy:ws=2,num_splits=16" --baseline none
 budgeted_table page16 80 --shapes 32x8k,32x32k --page 16 --impl "$IMPL2" --baseline none
 budgeted_table laguna 60 --preset laguna-dflash --shapes 8x8k,32x8k --page 64 --impl "$IMPL2" --baseline none
