@@ -8,7 +8,9 @@
 #    and B=1 128k, also at 16 splits                                          -> long.md
 # 3. main preset, page 16: B=32 8k/32k against the arena                       -> page16.md
 # 4. laguna-dflash page 64, B=8 and B=32 ctx 8k                                -> laguna.md
-# IMPL (default below) names the variants of table 2, IMPL2 those of tables 3 and 4.
+# IMPL (default below) names the variants of table 2, IMPL2 those of tables 3 and 4; TABLES (default
+# "small long page16 laguna") the tables to run, SMALL_S the seconds of table 2 (150); SKIP_TESTS=1
+# skips step 1.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 budgeted_run gpu_ws
@@ -26,11 +28,13 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   echo "tests rc=$? after ${SECONDS}s: $(tail -n 1 "$OUT/tests.log")" | tee -a "$OUT/summary.txt"
 fi
 RESERVE=30
-budgeted_table small 150 --shapes ${SHAPES:-1x2k,1x8k,1x32k,4x8k,8x8k} --page 64 --rounds 2 --impl "$IMPL" \
+TABLES=${TABLES:-"small long page16 laguna"}
+want() { [[ " $TABLES " == *" $1 "* ]]; }
+want small && budgeted_table small "${SMALL_S:-150}" --shapes ${SHAPES:-1x2k,1x8k,1x32k,4x8k,8x8k} --page 64 --rounds 2 --impl "$IMPL" \
   --baseline flashinfer-fa2,flashinfer-fa2-graph
-budgeted_table long 60 --shapes 1x128k --page 64 --impl "cupy;cupy:ws=2;cupy:ws=2,num_splits=16" --baseline none
-budgeted_table page16 80 --shapes 32x8k,32x32k --page 16 --impl "$IMPL2" --baseline none
-budgeted_table laguna 60 --preset laguna-dflash --shapes 8x8k,32x8k --page 64 --impl "$IMPL2" --baseline none
+want long && budgeted_table long 60 --shapes 1x128k --page 64 --impl "cupy;cupy:ws=2;cupy:ws=2,num_splits=16" --baseline none
+want page16 && budgeted_table page16 80 --shapes 32x8k,32x32k --page 16 --impl "$IMPL2" --baseline none
+want laguna && budgeted_table laguna 60 --preset laguna-dflash --shapes 8x8k,32x8k --page 64 --impl "$IMPL2" --baseline none
 for name in small long page16 laguna; do
   f="$OUT/$name/attention_rounds.md"; [ -f "$f" ] || f="$OUT/$name/attention.md"
   [ -f "$f" ] && cp "$f" "$OUT/$name.md"
