@@ -5,8 +5,9 @@ tables do not compile one module after another (CuTe modules take 15-30 s each).
                                                                # PADDED_SPECS add their padded-wgmma cases)
     python scripts/precompile_gpu_matrix.py --table "cupy;cutlass" --no-tests
                                                                # what bench.attention_table loads
-    python scripts/precompile_gpu_matrix.py --sweep tuner/specs/sm90.toml --no-tests
+    python scripts/precompile_gpu_matrix.py --sweep tuner/specs/sm90.toml --no-tests [--db DB]
                                                                # what a tuner sweep of a spec loads
+                                                               # (into DB: what it still measures)
 """
 import argparse
 import os
@@ -78,14 +79,24 @@ def table_jobs(specs, preset, pages, sm):
     return out
 
 
-def sweep_jobs(paths, sm):
+def sweep_jobs(paths, sm, db=None):
     """Every variant the candidates of the sweep specs `paths` load: each attention module, and
-    the store's module per layout (a minimal geometry at default parameters, as the step loads it)."""
+    the store's module per layout (a minimal geometry at default parameters, as the step loads it).
+    With `db` (a profile database), only the candidates it holds no row of: what a sweep into it
+    still measures."""
+    import sqlite3
+
     from drafter_attn.tuner.spec import load_spec
 
+    done = set()
+    if db and os.path.exists(db):
+        with sqlite3.connect(db) as c:
+            done = {k for (k,) in c.execute("SELECT DISTINCT candidate_key FROM results")}
     out = set()
     for path in paths:
         for c in load_spec(path).candidates():
+            if c.key() in done:
+                continue
             backend = registry.get(c.impl)
             kern = getattr(backend, "family", None)
             if kern is None:  # the torch reference compiles nothing
@@ -106,6 +117,7 @@ def main(argv=None):
     ap.add_argument("--page", default="16,64,128")
     ap.add_argument("--sweep", action="append", default=[], metavar="SPEC",
                     help="also every variant of this sweep spec's candidates (repeatable)")
+    ap.add_argument("--db", help="with --sweep: leave out the candidates this profile database holds")
     ap.add_argument("--sm", type=int, help="target (default: this machine's GPU; no GPU needed if given)")
     args = ap.parse_args(argv)
     if args.sm is None:
@@ -117,7 +129,7 @@ def main(argv=None):
         todo |= matrix_jobs(args.specs or matrix.BACKENDS, sm)
     if args.table:
         todo |= table_jobs(args.table.split(";"), args.preset, [int(p) for p in args.page.split(",")], sm)
-    todo |= sweep_jobs(args.sweep, sm)
+    todo |= sweep_jobs(args.sweep, sm, args.db)
     todo = sorted(j for j in todo if j is not None)
     with ProcessPoolExecutor(os.cpu_count()) as pool:
         results = list(pool.map(_compile, todo))

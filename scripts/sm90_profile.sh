@@ -9,7 +9,7 @@
 # an empty database (never from an older profile: rows of other parameter sets would compete).
 # The sweep runs for at most $SWEEP_S seconds (default 520; SIGINT keeps every finished row);
 # then $OUT/sm90.json is exported (a preview: export again in a git checkout for the commits) and
-# the candidates still to measure are counted. 2744 candidates (2296 cupy, 448 cutlass), about
+# the candidates still to measure are counted. 3192 candidates (2744 cupy, 448 cutlass), about
 # 35 minutes on one H200:
 # bring $OUT/sm90.db back, run again with it until none are left, then commit it as
 # profiles/sm90.db with `tuner export --sm 90 --db profiles/sm90.db --out profiles/sm90.json`.
@@ -20,7 +20,7 @@ db="$OUT/sm90.db"
 if [ -n "${1:-}" ]; then
   [ "$(realpath "$1")" = "$(realpath -m "$db")" ] || cp "$1" "$db"
 fi
-python3 scripts/precompile_gpu_matrix.py --no-tests --sweep "$spec"
+python3 scripts/precompile_gpu_matrix.py --no-tests --sweep "$spec" --db "$db"
 start=$SECONDS
 timeout -s INT -k 30 "${SWEEP_S:-520}" python3 -m drafter_attn.tuner sweep "$spec" --db "$db" --no-progress
 echo "sweep: exit $?, $((SECONDS - start)) s"
