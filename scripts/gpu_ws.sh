@@ -9,21 +9,23 @@
 # 3. main preset, page 16: B=32 8k/32k against the arena                       -> page16.md
 # 4. laguna-dflash page 64, B=8 and B=32 ctx 8k                                -> laguna.md
 # IMPL (default below) names the variants of table 2, IMPL2 those of tables 3 and 4; TABLES (default
-# "small long page16 laguna") the tables to run, SMALL_S the seconds of table 2 (150); SKIP_TESTS=1
-# skips step 1.
+# "small long page16 laguna") the tables to run, SMALL_S the seconds of table 2 (150),
+# LAGUNA_SHAPES / LAGUNA_S / LAGUNA_ROUNDS table 4's shapes, seconds and rounds; TEST_K the tests'
+# -k expression (default "ws and not cutlass") and TEST_SPECS the specs they compile first;
+# SKIP_TESTS=1 skips step 1.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 budgeted_run gpu_ws
 IMPL=${IMPL:-"cupy;cupy:ws=2;cupy:ws=2,skip_compute=1"}
 IMPL2=${IMPL2:-"cupy;cupy:ws=2"}
 {
-  timeout 120 python3 scripts/precompile_gpu_matrix.py cupy:ws=2 cupy:ws=3
+  timeout 120 python3 scripts/precompile_gpu_matrix.py ${TEST_SPECS:-cupy:ws=2 cupy:ws=3 cupy:ws=3,ws_rows=1 cupy:ws=2,ws_rows=1}
   timeout 100 python3 scripts/precompile_gpu_matrix.py --no-tests --table "$IMPL;$IMPL2" --page 16,64
   timeout 60 python3 scripts/precompile_gpu_matrix.py --no-tests --table "$IMPL2" --preset laguna-dflash --page 64
 } > "$OUT/precompile.log" 2>&1
 tail -n 1 "$OUT/precompile.log" | tee -a "$OUT/summary.txt"
 if [ -z "${SKIP_TESTS:-}" ]; then
-  timeout -s INT -k 10 "${TEST_S:-150}" python3 -m pytest -q -m gpu tests/test_backends_gpu.py -k "ws and not cutlass" \
+  timeout -s INT -k 10 "${TEST_S:-150}" python3 -m pytest -q -m gpu tests/test_backends_gpu.py -k "${TEST_K:-ws and not cutlass}" \
     -x -p no:cacheprovider > "$OUT/tests.log" 2>&1
   echo "tests rc=$? after ${SECONDS}s: $(tail -n 1 "$OUT/tests.log")" | tee -a "$OUT/summary.txt"
 fi
@@ -34,7 +36,8 @@ want small && budgeted_table small "${SMALL_S:-150}" --shapes ${SHAPES:-1x2k,1x8
   --baseline flashinfer-fa2,flashinfer-fa2-graph
 want long && budgeted_table long 60 --shapes 1x128k --page 64 --impl "cupy;cupy:ws=2;cupy:ws=2,num_splits=16" --baseline none
 want page16 && budgeted_table page16 80 --shapes 32x8k,32x32k --page 16 --impl "$IMPL2" --baseline none
-want laguna && budgeted_table laguna 60 --preset laguna-dflash --shapes 8x8k,32x8k --page 64 --impl "$IMPL2" --baseline none
+want laguna && budgeted_table laguna "${LAGUNA_S:-60}" --preset laguna-dflash --shapes "${LAGUNA_SHAPES:-8x8k,32x8k}" \
+  --page 64 --impl "$IMPL2" --baseline none --rounds "${LAGUNA_ROUNDS:-1}"
 for name in small long page16 laguna; do
   f="$OUT/$name/attention_rounds.md"; [ -f "$f" ] || f="$OUT/$name/attention.md"
   [ -f "$f" ] && cp "$f" "$OUT/$name.md"
