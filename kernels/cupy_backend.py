@@ -85,9 +85,6 @@ class Params:
     # one CTA an SM, a producer warpgroup that issues every context tile's TMA copies, and the
     # consumers, which take the tiles in turn and merge at the end
     # (kernels/cuda/warp_specialized.cuh; `ws_reason`)
-    ws_rows: bool = False  # with `ws`: the consumers split the CTA's 65-192 rows (at most 64
-    # each) and each reads every tile, so one CTA reads a tile once for all the rows that
-    # `row_split` deals over CTAs (laguna's 144 as 3 consumers of 48); nothing to merge
 
     @property
     def tensor_maps(self) -> bool:
@@ -100,7 +97,7 @@ class Params:
         warpgroups on the wgmma path (`padded_warps`). `page_size` (None: the arena) adds the
         pipelined path's page-id ring where it has one."""
         if self.ws:
-            return ws_bytes(self.tile_n, self.stages, head_dim, self.ws, self.ws_rows)
+            return ws_bytes(self.tile_n, self.stages, head_dim, self.ws)
         cta_warps = padded_warps(warps) if wgmma else warps
         q_warps = cta_warps if self.q_smem else 0
         return (smem_bytes(self.tile_n, self.stages, head_dim, q_warps, wgmma, self.overlap)
@@ -144,14 +141,13 @@ def tma_bytes(stages: int, warps: int) -> int:
     return stages * 8 + warps * 2 * 16 * 4
 
 
-def ws_bytes(tile_n: int, stages: int, head_dim: int, consumers: int, rows: bool = False) -> int:
+def ws_bytes(tile_n: int, stages: int, head_dim: int, consumers: int) -> int:
     """Shared memory of the warp-specialised kernel (`ws`, warp_specialized.cuh): the K and V
     stages, the Q stage (64 rows), a full and an empty barrier a stage and Q's, and 2 KB for
     the row maxima and sums each consumer but the first hands it (their O goes through their
-    last stages). `rows` (`ws_rows`): a Q stage a consumer and nothing handed over."""
-    q_stages, handed = (consumers, 0) if rows else (1, consumers - 1)
-    return (2 * stages * tile_n * head_dim * 2 + q_stages * 64 * head_dim * 2 + stages * 16 + 8
-            + handed * 4 * 128 * 4)
+    last stages)."""
+    return (2 * stages * tile_n * head_dim * 2 + 64 * head_dim * 2 + stages * 16 + 8
+            + (consumers - 1) * 4 * 128 * 4)
 
 
 def ws_threads(consumers: int) -> int:
@@ -162,7 +158,6 @@ def ws_threads(consumers: int) -> int:
 # its default stages: 6 x 32 KB of 64-key head_dim-128 K/V tiles in flight an SM (a multiple of
 # 2 and of 3 consumers)
 WS_STAGES = 6
-WS_ROWS_STAGES = 4  # with `ws_rows` (a Q stage a consumer): 4 of 64 keys fit beside 3 Q stages
 
 
 def num_warps(block_size: int, group: int, wgmma: bool = False, row_split: int = 1) -> int:
@@ -286,32 +281,24 @@ def tma_reason(params: Params, head_dim: int, warps: int, sm: int | None = None)
 
 def ws_reason(params: Params, head_dim: int, warps: int, sm: int | None = None) -> str | None:
     """Why `params.ws` cannot apply (None when it can, or is off): 2 or 3 consumers, sm_90a,
-    consumers of one warpgroup (at most 64 packed rows a CTA; `row_split` deals more, or with
-    `ws_rows` the consumers: more than 64 rows each but the last), wgmma tiles, stages a
-    multiple of the consumers (not with `ws_rows`); its loads and its Q stage are its own, so
-    none of the pipelined path's knobs (q_smem, overlap, tma, lean). `warps`: the CTA's rows in
-    16-row warps."""
+    consumers of one warpgroup (at most 64 packed rows a CTA; `row_split` deals more), wgmma
+    tiles, stages a multiple of the consumers; its loads and its Q stage are its own, so none of
+    the pipelined path's knobs (q_smem, overlap, tma, lean)."""
     if not params.ws:
-        return "ws_rows needs ws (its consumers split the rows)" if params.ws_rows else None
+        return None
     if params.ws not in (2, 3):
         return f"ws={params.ws}: 2 or 3 consumer warpgroups (0: off)"
     if sm is not None and sm != 90:
         return f"ws needs sm_90a (TMA, wgmma, setmaxnreg), which SM {sm} does not have"
-    if params.ws_rows:
-        if params.row_split != 1:
-            return "ws_rows splits the rows over consumers, not CTAs: row_split must be 1"
-        if not 4 * (params.ws - 1) < warps <= 4 * params.ws:
-            return (f"ws_rows with {params.ws} consumers takes {64 * (params.ws - 1) + 1}-"
-                    f"{64 * params.ws} packed query rows (this CTA has {warps} 16-row warps)")
-    elif warps != 4:
+    if warps != 4:
         return (f"ws takes at most 64 packed query rows a CTA (this one has {warps} 16-row "
-                f"warps); row_split deals more over CTAs, ws_rows over consumers")
+                f"warps); row_split deals more over CTAs")
     if params.wgmma is not None and not params.wgmma:
         return "ws runs on wgmma: wgmma=0 has no warp-specialised variant"
     if params.tile_n not in (64, 128) or head_dim not in (64, 128):
         # a consumer hands its 64 x head_dim fp32 O to the first through one K/V stage
         return f"ws needs tile_n 64/128 and head_dim 64/128 (tile_n={params.tile_n})"
-    if not params.ws_rows and (params.stages < params.ws or params.stages % params.ws):
+    if params.stages < params.ws or params.stages % params.ws:
         return (f"ws={params.ws} needs stages a multiple of its {params.ws} consumers "
                 f"(stages={params.stages})")
     if params.q_smem or params.overlap or params.tma or params.lean:
@@ -388,9 +375,6 @@ MANY_WARPS = dict(tile_n=16, stages=6, q_smem=True)
 # K and V) in flight. SM 90's default for these CTAs (`_padded_wgmma`; results/perf-notes.md,
 # "GQA 9 on the wgmma path").
 PADDED_WGMMA = dict(tile_n=32, stages=8, q_smem=False)
-# The same rows dealt over the consumer warpgroups of the warp-specialised kernel (`ws_rows`):
-# each consumer takes 64-key tiles, as a one-warpgroup CTA does.
-WS_ROWS_CTA = dict(tile_n=64, stages=WS_ROWS_STAGES, q_smem=False)
 # An SM the table does not name (a target of a newer NVRTC): the smallest budget of any.
 UNKNOWN_SM_BUDGET = SmBudget(*_SMALL, 32, 5)
 # No SM given (a problem described without a GPU): SM 90's, the measured defaults.
@@ -497,14 +481,11 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
         rows = problem.batch * g.block_size * g.num_q_heads
         overrides = {"combine": 2 if rows <= COMBINE_CTA_MAX_ROWS else 1, **overrides}
     if overrides.get("ws"):  # its own pipeline: none of the pipelined path's knobs
-        overrides = {"stages": WS_ROWS_STAGES if overrides.get("ws_rows") else WS_STAGES,
-                     **overrides}
-        if problem is not None and "row_split" not in overrides and not overrides.get("ws_rows"):
+        overrides = {"stages": WS_STAGES, **overrides}
+        if problem is not None and "row_split" not in overrides:
             g = problem.geometry  # consumers of one warpgroup: at most 64 rows a CTA
             overrides["row_split"] = -(-g.block_size * g.group // 64)
-        # ws_rows' CTA has the rows of more than 8 warps, in tiles of one consumer's
-        return sm_defaults(Params, WS_ROWS_CTA if overrides.get("ws_rows") else MANY_WARPS,
-                           problem, sm, overrides)
+        return sm_defaults(Params, MANY_WARPS, problem, sm, overrides)
     many = MANY_WARPS
     row_split = 1 if problem is None else _row_split_default(problem, sm, overrides)
     if row_split > 1:
@@ -624,7 +605,6 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "lean": [False, True],
         "ctas_per_sm": [0, 1, 2],
         "ws": [0, 2, 3],
-        "ws_rows": [False, True],
     }
 
 
@@ -656,9 +636,7 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
     reason = row_split_reason(block_size, group, params.row_split)
     if reason:
         raise ValueError(reason)
-    rows_warps = num_warps(block_size, group, row_split=params.row_split)
-    # with ws_rows a consumer is one warpgroup whatever the CTA's rows
-    warps = 4 if params.ws and params.ws_rows else rows_warps
+    warps = num_warps(block_size, group, row_split=params.row_split)
     wgmma = use_wgmma(params, head_dim, warps, sm)
     defines = dict(common_defines(dtype, head_dim, page_size, block_size, group, params, wgmma,
                                   padded_warps(warps) if wgmma else warps),
@@ -677,12 +655,10 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
     if params.lean:
         defines["LEAN"] = 1
     if params.ws:
-        reason = ws_reason(params, head_dim, rows_warps, sm)
+        reason = ws_reason(params, head_dim, warps, sm)
         if reason:
             raise ValueError(reason)
         defines.update(WARP_SPEC=1, TMA_LOADS=1, WS_CONSUMERS=params.ws)
-        if params.ws_rows:  # named only when on: the ws variants keep their defines
-            defines["WS_ROWS"] = 1
     return defines
 
 
@@ -765,8 +741,7 @@ def _load(index: int, defines_items: tuple) -> Module:
     result = compile_variant(defines, device_info(index)[1])
     if defines.get("WARP_SPEC", 0):
         consumers = defines["WS_CONSUMERS"]
-        smem = ws_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"], consumers,
-                        bool(defines.get("WS_ROWS", 0)))
+        smem = ws_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"], consumers)
         return load_cubin(index, result.cubin_path, smem, ws_threads(consumers))
     smem = smem_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
                       defines["NUM_WARPS"] if defines["Q_SMEM"] else 0, defines["WGMMA"],

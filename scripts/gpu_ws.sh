@@ -19,7 +19,7 @@ budgeted_run gpu_ws
 IMPL=${IMPL:-"cupy;cupy:ws=2;cupy:ws=2,skip_compute=1"}
 IMPL2=${IMPL2:-"cupy;cupy:ws=2"}
 {
-  timeout 120 python3 scripts/precompile_gpu_matrix.py ${TEST_SPECS:-cupy:ws=2 cupy:ws=3 cupy:ws=3,ws_rows=1 cupy:ws=2,ws_rows=1}
+  timeout 120 python3 scripts/precompile_gpu_matrix.py ${TEST_SPECS:-cupy:ws=2 cupy:ws=3}
   timeout 100 python3 scripts/precompile_gpu_matrix.py --no-tests --table "$IMPL;$IMPL2" --page 16,64
   timeout 60 python3 scripts/precompile_gpu_matrix.py --no-tests --table "$IMPL2" --preset laguna-dflash --page 64
 } > "$OUT/precompile.log" 2>&1

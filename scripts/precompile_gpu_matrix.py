@@ -48,8 +48,7 @@ def matrix_jobs(specs, sm):
         kern = backend.family
         # a padded-wgmma or row-split spec outside BACKENDS runs only its own cases
         # (test_padded_wgmma_*, test_row_split_*)
-        own = [cases() for specs, cases in ((matrix.PADDED_SPECS + matrix.WS_ROWS_SPECS,
-                                             matrix._padded_cases),
+        own = [cases() for specs, cases in ((matrix.PADDED_SPECS, matrix._padded_cases),
                                             (matrix.ROW_SPLIT_SPECS, matrix._row_split_cases))
                if spec in specs]
         cases = matrix._cases() if spec in matrix.BACKENDS or not own else []

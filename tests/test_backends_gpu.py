@@ -423,10 +423,6 @@ def test_checks_off_runs_the_same(backend, monkeypatch):
 # Specs: the forced defaults (32-key tiles in 8 stages, Q in registers), 64-key tiles (3 load
 # iterations, the last predicated; spills a few bytes at 12 warps) and the pipelined variant.
 PADDED_SPECS = ["cupy:wgmma=1", "cupy:wgmma=1,tile_n=64,stages=4", "cupy:wgmma=1,overlap=2"]
-# The same rows split over the consumer warpgroups of one warp-specialised CTA (`ws_rows`): 3
-# consumers take 129-192 rows (laguna, GQA 12), 2 take 65-128 (Qb 12 x G 9); each spec refuses
-# the others, and that refusal is tested too.
-WS_ROWS_SPECS = ["cupy:ws=3,ws_rows=1", "cupy:ws=2,ws_rows=1"]
 PADDED_GEOMETRIES = [
     PRESETS["laguna-dflash"],
     Geometry(96, 8, 128, 16, "sliding_causal", 512),  # GQA 12: 192 rows
@@ -478,23 +474,11 @@ def test_padded_wgmma_matches_reference(spec, geom, page, lens, seed):
     test_attention_matches_reference(spec, layout, geom, page, lens, seed)
 
 
-@pytest.mark.parametrize("spec", WS_ROWS_SPECS)
-@pytest.mark.parametrize("geom,page,lens,seed", _padded_cases())
-def test_ws_rows_matches_reference(spec, geom, page, lens, seed):
-    """Each consumer of a ws_rows CTA writes its own rows, none twice, none missing (poisoned
-    output), while all of them read every stage."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the warp-specialised kernel is sm_90a's")
-    layout = "paged" if page else "arena"
-    test_attention_matches_reference(spec, layout, geom, page, lens, seed)
-
-
-@pytest.mark.parametrize("spec", PADDED_SPECS[:1] + WS_ROWS_SPECS[:1])
+@pytest.mark.parametrize("spec", PADDED_SPECS[:1])
 @pytest.mark.parametrize("splits", [2, 3, 7])
 @pytest.mark.parametrize("geom", PADDED_GEOMETRIES[:2], ids=["laguna", "gqa12"])
 def test_padded_wgmma_forced_splits(spec, splits, geom):
-    """Split-KV partials of the padded CTAs (o_part rows < M only), and of ws_rows' consumers,
-    through the combine."""
+    """Split-KV partials of the padded CTAs (o_part rows < M only) through the combine."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma path is sm_90a's")
     impl = _backend(spec).with_params(num_splits=splits)

@@ -23,25 +23,14 @@
 // through its own last stage, and consumer 0 merges them and writes the output or the split's
 // partial, as the other paths do. Rows: at most 64 a CTA (one wgmma M tile; ROW_SPLIT deals
 // more over CTAs).
-//
-// WS_ROWS=1 (`ws_rows`): the consumers split the CTA's rows instead (row_share: laguna's 144 as
-// 3 x 48, at most 64 each) and every consumer reads every tile, so a (request, KV head, split)
-// reads its K/V once for up to 192 rows, where ROW_SPLIT's CTAs each read it (two of three from
-// L2). A stage is free when all the consumers are done with it; each consumer has its own Q
-// stage and writes its own rows, so nothing is merged.
 #pragma once
 
 #ifndef WS_CONSUMERS
 #define WS_CONSUMERS 2
 #endif
-#ifndef WS_ROWS
-#define WS_ROWS 0
-#endif
 namespace {
 constexpr int WS_THREADS = 128 * (1 + WS_CONSUMERS);
 static_assert(WS_CONSUMERS == 2 || WS_CONSUMERS == 3, "WARP_SPEC: 2 or 3 consumer warpgroups");
-static_assert(!WS_ROWS || ROW_SPLIT == 1, "WS_ROWS: the consumers, not CTAs, split the rows");
-constexpr int Q_STAGES = WS_ROWS ? WS_CONSUMERS : 1;  // a Q stage a consumer that owns rows
 static_assert(WGMMA && TMA_LOADS && NUM_WARPS == 4 && !Q_SMEM && !OVERLAP,
               "WARP_SPEC: wgmma with TMA copies, 64-row consumers, its own Q stage");
 constexpr int Q_ELEMS = 64 * D;  // the CTA's 64 packed rows, in 64-column halves as a K tile
@@ -50,7 +39,7 @@ __device__ __forceinline__ int q_off(int row, int col) {
   const int c = col >> 3;
   return (c >> 3) * 64 * 64 + row * 64 + (((c & 7) ^ (row & 7)) << 3);
 }
-static_assert(WS_ROWS || (STAGES >= WS_CONSUMERS && STAGES % WS_CONSUMERS == 0),
+static_assert(STAGES >= WS_CONSUMERS && STAGES % WS_CONSUMERS == 0,
               "WARP_SPEC: stages a multiple of the consumers");
 static_assert(PAGE_SIZE == 0 || PAGE_SIZE >= N || (BOXES <= 32 && 32 % BOXES == 0),
               "a tile's page ids lie in one chunk of 32");
@@ -96,11 +85,11 @@ __device__ __forceinline__ void ws_attention_body(
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   elem_t* sK = reinterpret_cast<elem_t*>(smem_raw);  // [STAGES][N][D] swizzled halves
   elem_t* sV = sK + STAGES * TILE_ELEMS;
-  elem_t* sQ = sV + STAGES * TILE_ELEMS;  // [Q_STAGES][64][D]
-  unsigned long long* full = reinterpret_cast<unsigned long long*>(sQ + Q_STAGES * Q_ELEMS);
+  elem_t* sQ = sV + STAGES * TILE_ELEMS;  // [64][D]
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(sQ + Q_ELEMS);
   unsigned long long* empty = full + STAGES;
   unsigned long long* qbar = empty + STAGES;  // Q landed (consumer 0's threads)
-  // [WS_CONSUMERS - 1][4][128]: the m0 m1 l0 l1 of consumers 1.. for consumer 0 (not WS_ROWS)
+  // [WS_CONSUMERS - 1][4][128]: the m0 m1 l0 l1 of consumers 1.. for consumer 0
   float* sML = reinterpret_cast<float*>(qbar + 1);
 
   const int split = blockIdx.x / ROW_SPLIT, num_splits = gridDim.x / ROW_SPLIT;
@@ -126,7 +115,7 @@ __device__ __forceinline__ void ws_attention_body(
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full + s, 1);  // the producer's arrival (plus the copies' bytes)
-      mbar_init(empty + s, 128 * (WS_ROWS ? WS_CONSUMERS : 1));  // every thread that read it
+      mbar_init(empty + s, 128);  // every thread of the consumer that read the stage
     }
     mbar_init(qbar, 128);
     mbar_init_fence();
@@ -206,30 +195,25 @@ __device__ __forceinline__ void ws_attention_body(
 
   // ---- consumers
   const int c = wg - 1, ctid = tid - 128 * wg, cwarp = ctid >> 5;
-  if (WS_ROWS) row_share(M, WS_CONSUMERS, c, r_lo, r_end);  // from here on, this consumer's rows
-  elem_t* cQ = sQ + (WS_ROWS ? c : 0) * Q_ELEMS;
-  if (WS_ROWS || c == 0) {  // the Q rows (rows past the share zero-filled), issued before the wait
+  if (c == 0) {  // the CTA's Q rows (rows past its share zero-filled), issued before the wait
     for (int i = ctid; i < 64 * CPR; i += 128) {
       const int r = r_lo + i / CPR, col = (i % CPR) * 8;
       const int qi = min(r / group, qb - 1);
       const elem_t* src = q + ((static_cast<long long>(b) * qb + qi) * hq + kvh * group + r % group) * D + col;
-      cp_async_16(cQ + q_off(r - r_lo, col), r < r_end ? src : q, r < r_end);
+      cp_async_16(sQ + q_off(r - r_lo, col), r < r_end ? src : q, r < r_end);
     }
     cp_async_commit();
   }
   regs_up<WS_CONSUMER_REGS>();
-  if (WS_ROWS || c == 0) {
+  if (c == 0) {
     cp_async_wait<0>();
     fence_proxy_async();  // read by wgmma
-    if (WS_ROWS)
-      named_barrier(1 + c, 128);
-    else
-      mbar_arrive(qbar);
+    mbar_arrive(qbar);
   }
   const int g = lane >> 2, t4 = lane & 3;
   const int r0 = r_lo + query_row(cwarp, g), r1 = r0 + 8;
   const int i0 = min(r0 / group, qb - 1), i1 = min(r1 / group, qb - 1);
-  if (!WS_ROWS) mbar_wait(qbar, 0);
+  mbar_wait(qbar, 0);
   // After a wgmma.wait_group: the compiler may not move reads of accumulator `x` above it
   auto acc_fence = [](auto& x) {
 #pragma unroll
@@ -243,9 +227,7 @@ __device__ __forceinline__ void ws_attention_body(
   for (int d = 0; d < DTILES; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
-  // consumer c's tiles: c, c + WS_CONSUMERS, ..., or (WS_ROWS) all of them
-  constexpr int V_STEP = WS_ROWS ? 1 : WS_CONSUMERS;
-  for (int v = WS_ROWS ? 0 : c; v < n_iter; v += V_STEP) {
+  for (int v = c; v < n_iter; v += WS_CONSUMERS) {
     const int s = v % STAGES;
     const elem_t* cK = sK + s * TILE_ELEMS;
     elem_t* cV = sV + s * TILE_ELEMS;
@@ -253,9 +235,7 @@ __device__ __forceinline__ void ws_attention_body(
     const bool is_block = v >= n_ctx_here;
     const int kstart = (t0 + v) * N;
     // V rows at or past P in the context's last tile hold whatever the page (slot) holds: zero
-    // them (their P is 0, and 0 * NaN would poison P V), visible to this consumer's wgmma. With
-    // WS_ROWS every consumer zeroes the same rows before its own P V: another's store can only
-    // meet zeros it wrote itself, and the stage is not refilled before all have arrived.
+    // them (their P is 0, and 0 * NaN would poison P V), visible to this consumer's wgmma
     if (!SKIP_LOADS && !is_block && P - kstart < N) {
       const int first = P - kstart;
       for (int i = ctid; i < (N - first) * CPR; i += 128) {
@@ -275,7 +255,7 @@ __device__ __forceinline__ void ws_attention_body(
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ++ks)
-      WgMma<N>::ss(sc, wgmma_desc_sw128(cQ + (ks >> 2) * 64 * 64 + (ks & 3) * 16, 16, 1024),
+      WgMma<N>::ss(sc, wgmma_desc_sw128(sQ + (ks >> 2) * 64 * 64 + (ks & 3) * 16, 16, 1024),
                    wgmma_desc_sw128(cK + (ks >> 2) * HALF_ELEMS + (ks & 3) * 16, 16, 1024), ks > 0);
     wgmma_commit();
     wgmma_wait<0>();
@@ -351,63 +331,60 @@ __device__ __forceinline__ void ws_attention_body(
     mbar_arrive(empty + s);  // this thread is done with the stage
   }
 
+  // ---- consumers 1.. hand their rows to consumer 0, each through the stage of its own last
+  // tile (no tile is copied into it any more: that tile is one of the CTA's last WS_CONSUMERS),
+  // or its first stage if it had none
   l0 += __shfl_xor_sync(0xffffffff, l0, 1);
   l0 += __shfl_xor_sync(0xffffffff, l0, 2);
   l1 += __shfl_xor_sync(0xffffffff, l1, 1);
   l1 += __shfl_xor_sync(0xffffffff, l1, 2);
-  if constexpr (!WS_ROWS) {
-    // ---- consumers 1.. hand their rows to consumer 0, each through the stage of its own last
-    // tile (no tile is copied into it any more: that tile is one of the CTA's last WS_CONSUMERS),
-    // or its first stage if it had none
-    constexpr int HALF_D = DTILES / 2;
-    // consumer k's hand-over: its O fragments in its stage's K (d < HALF_D) and V halves
-    auto handover = [&](int k, bool v_half) {
-      const int last = n_iter > k ? k + (n_iter - 1 - k) / WS_CONSUMERS * WS_CONSUMERS : k;
-      return reinterpret_cast<float*>((v_half ? sV : sK) + (last % STAGES) * TILE_ELEMS);
-    };
-    if (c > 0) {
-      float* xK = handover(c, false);
-      float* xV = handover(c, true);
+  constexpr int HALF_D = DTILES / 2;
+  // consumer k's hand-over: its O fragments in its stage's K (d < HALF_D) and V halves
+  auto handover = [&](int k, bool v_half) {
+    const int last = n_iter > k ? k + (n_iter - 1 - k) / WS_CONSUMERS * WS_CONSUMERS : k;
+    return reinterpret_cast<float*>((v_half ? sV : sK) + (last % STAGES) * TILE_ELEMS);
+  };
+  if (c > 0) {
+    float* xK = handover(c, false);
+    float* xV = handover(c, true);
 #pragma unroll
-      for (int d = 0; d < DTILES; ++d) {
+    for (int d = 0; d < DTILES; ++d) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) (d < HALF_D ? xK : xV)[((d % HALF_D) * 4 + e) * 128 + ctid] = o[d][e];
-      }
-      float* ml = sML + (c - 1) * 512;
-      ml[ctid] = m0;
-      ml[128 + ctid] = m1;
-      ml[256 + ctid] = l0;
-      ml[384 + ctid] = l1;
+      for (int e = 0; e < 4; ++e) (d < HALF_D ? xK : xV)[((d % HALF_D) * 4 + e) * 128 + ctid] = o[d][e];
     }
-    named_barrier(4, 128 * WS_CONSUMERS);
-    if (c > 0) return;
+    float* ml = sML + (c - 1) * 512;
+    ml[ctid] = m0;
+    ml[128 + ctid] = m1;
+    ml[256 + ctid] = l0;
+    ml[384 + ctid] = l1;
+  }
+  named_barrier(4, 128 * WS_CONSUMERS);
+  if (c > 0) return;
 #pragma unroll 1
-    for (int k = 1; k < WS_CONSUMERS; ++k) {
-      const float* xK = handover(k, false);
-      const float* xV = handover(k, true);
-      const float* ml = sML + (k - 1) * 512;
-      const float om0 = ml[ctid], om1 = ml[128 + ctid];
-      const float mm0 = fmaxf(m0, om0), mm1 = fmaxf(m1, om1);
-      const float base0 = mm0 == -INFINITY ? 0.f : mm0, base1 = mm1 == -INFINITY ? 0.f : mm1;
-      const float a0 = fast_exp2(m0 - base0), b0 = fast_exp2(om0 - base0);
-      const float a1 = fast_exp2(m1 - base1), b1 = fast_exp2(om1 - base1);
-      l0 = l0 * a0 + ml[256 + ctid] * b0;
-      l1 = l1 * a1 + ml[384 + ctid] * b1;
-      m0 = mm0;
-      m1 = mm1;
+  for (int k = 1; k < WS_CONSUMERS; ++k) {
+    const float* xK = handover(k, false);
+    const float* xV = handover(k, true);
+    const float* ml = sML + (k - 1) * 512;
+    const float om0 = ml[ctid], om1 = ml[128 + ctid];
+    const float mm0 = fmaxf(m0, om0), mm1 = fmaxf(m1, om1);
+    const float base0 = mm0 == -INFINITY ? 0.f : mm0, base1 = mm1 == -INFINITY ? 0.f : mm1;
+    const float a0 = fast_exp2(m0 - base0), b0 = fast_exp2(om0 - base0);
+    const float a1 = fast_exp2(m1 - base1), b1 = fast_exp2(om1 - base1);
+    l0 = l0 * a0 + ml[256 + ctid] * b0;
+    l1 = l1 * a1 + ml[384 + ctid] * b1;
+    m0 = mm0;
+    m1 = mm1;
 #pragma unroll
-      for (int d = 0; d < DTILES; ++d) {
-        const float* x = (d < HALF_D ? xK : xV) + (d % HALF_D) * 4 * 128 + ctid;
-        o[d][0] = o[d][0] * a0 + x[0] * b0;
-        o[d][1] = o[d][1] * a0 + x[128] * b0;
-        o[d][2] = o[d][2] * a1 + x[256] * b1;
-        o[d][3] = o[d][3] * a1 + x[384] * b1;
-      }
+    for (int d = 0; d < DTILES; ++d) {
+      const float* x = (d < HALF_D ? xK : xV) + (d % HALF_D) * 4 * 128 + ctid;
+      o[d][0] = o[d][0] * a0 + x[0] * b0;
+      o[d][1] = o[d][1] * a0 + x[128] * b0;
+      o[d][2] = o[d][2] * a1 + x[256] * b1;
+      o[d][3] = o[d][3] * a1 + x[384] * b1;
     }
-  }  // !WS_ROWS
+  }
 
-  // ---- epilogue (consumer 0, or with WS_ROWS each consumer): the output, or this split's
-  // partial and log-sum-exp
+  // ---- epilogue (consumer 0): the output, or this split's partial and log-sum-exp
   const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
   const long long row_base = ((static_cast<long long>(split) * batch + b) * hkv + kvh) * M;
 #pragma unroll
