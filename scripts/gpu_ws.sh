@@ -11,7 +11,8 @@
 # IMPL (default below) names the variants of table 2, IMPL2 those of tables 3 and 4; TABLES (default
 # "small long page16 laguna") the tables to run, SMALL_S the seconds of table 2 (150),
 # LAGUNA_SHAPES / LAGUNA_S / LAGUNA_ROUNDS table 4's shapes, seconds and rounds; TEST_K the tests'
-# -k expression (default "ws and not cutlass") and TEST_SPECS the specs they compile first;
+# -k expression (default "ws and not cutlass"), or TEST_GREP a regex of their node ids, and
+# TEST_SPECS the specs they compile first;
 # SKIP_TESTS=1 skips step 1.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -25,7 +26,13 @@ IMPL2=${IMPL2:-"cupy;cupy:ws=2"}
 } > "$OUT/precompile.log" 2>&1
 tail -n 1 "$OUT/precompile.log" | tee -a "$OUT/summary.txt"
 if [ -z "${SKIP_TESTS:-}" ]; then
-  timeout -s INT -k 10 "${TEST_S:-150}" python3 -m pytest -q -m gpu tests/test_backends_gpu.py -k "${TEST_K:-ws and not cutlass}" \
+  if [ -n "${TEST_GREP:-}" ]; then  # node ids (pytest's -k takes no "=", as in cupy:ws=4)
+    mapfile -t sel < <(python3 -m pytest --collect-only -q tests/test_backends_gpu.py 2>/dev/null \
+      | grep -E "$TEST_GREP")
+  else
+    sel=(tests/test_backends_gpu.py -k "${TEST_K:-ws and not cutlass}")
+  fi
+  timeout -s INT -k 10 "${TEST_S:-150}" python3 -m pytest -q -m gpu "${sel[@]}" \
     -x -p no:cacheprovider > "$OUT/tests.log" 2>&1
   echo "tests rc=$? after ${SECONDS}s: $(tail -n 1 "$OUT/tests.log")" | tee -a "$OUT/summary.txt"
 fi

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.gpu
 # the shape allows. `cupy:wgmma=1` on CTAs that are not whole warpgroups (laguna's 9 warps padded
 # to 3 warpgroups) is checked by the test_padded_wgmma_* tests at the end of this file.
 BACKENDS = ["cupy", "cupy:wgmma=0", "cupy:overlap=1", "cupy:overlap=2", "cupy:tma=1", "cupy:lean=1",
-            "cupy:lean=1,wgmma=0", "cupy:ws=2", "cupy:ws=3", "cupy:ws=4",
+            "cupy:lean=1,wgmma=0", "cupy:ws=2", "cupy:ws=3",
             "cupy:combine=1", "cutlass", "cutlass:wgmma=1"]
 
 
