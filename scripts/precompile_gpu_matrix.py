@@ -84,14 +84,13 @@ def sweep_jobs(paths, sm, db=None):
     the store's module per layout (a minimal geometry at default parameters, as the step loads it).
     With `db` (a profile database), only the candidates it holds no row of: what a sweep into it
     still measures."""
-    import sqlite3
-
+    from drafter_attn.tuner.db import ProfileDB
     from drafter_attn.tuner.spec import load_spec
 
     done = set()
     if db and os.path.exists(db):
-        with sqlite3.connect(db) as c:
-            done = {k for (k,) in c.execute("SELECT DISTINCT candidate_key FROM results")}
+        with ProfileDB(db, readonly=True) as profile:
+            done = profile.done_candidates(None)
     out = set()
     for path in paths:
         for c in load_spec(path).candidates():

@@ -51,6 +51,9 @@ def test_round_trip(tmp_path):
         assert envs[0]["gpu_name"] == "NVIDIA H200" and envs[0]["sm"] == 90 and envs[0]["env_id"] == env
         assert db.done_candidates(env) == {rows[0]["candidate_key"], rows[1]["candidate_key"]}
         assert db.done_candidates(env, ["ok"]) == {rows[0]["candidate_key"]}
+        assert db.done_candidates("other-env") == set()
+        assert db.done_candidates(None) == db.done_candidates(env)  # any environment
+        assert db.done_candidates(None, ["failed_runtime"]) == {rows[1]["candidate_key"]}
 
 
 def test_bad_rows_are_refused(tmp_path):

@@ -416,13 +416,17 @@ class ProfileDB:
             raise
 
     # -- reads --------------------------------------------------------------------------------
-    def done_candidates(self, env_id: str, statuses=None) -> set[str]:
-        """candidate_keys with a row in environment `env_id` (of the given statuses, or any)."""
-        sql = "SELECT DISTINCT candidate_key FROM results WHERE env_id = ?"
-        args: list = [env_id]
+    def done_candidates(self, env_id: str | None, statuses=None) -> set[str]:
+        """candidate_keys with a row in environment `env_id` (None: in any) of the given
+        statuses (or any)."""
+        where, args = [], []
+        if env_id is not None:
+            where.append("env_id = ?")
+            args.append(env_id)
         if statuses:
-            sql += f" AND status IN ({', '.join('?' * len(statuses))})"
+            where.append(f"status IN ({', '.join('?' * len(statuses))})")
             args += list(statuses)
+        sql = "SELECT DISTINCT candidate_key FROM results" + (" WHERE " + " AND ".join(where) if where else "")
         with db_errors(self.path, "reading done candidates"):
             return {r[0] for r in self.conn.execute(sql, args)}
 
