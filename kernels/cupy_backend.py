@@ -81,7 +81,7 @@ class Params:
     # (drafter_attention.cu LEAN)
     ctas_per_sm: int = 0  # CTAs an SM the split model plans a wave with: 0 as many as fit, else at
     # most this many (host only: one CTA an SM gives each CTA more tiles; `plan_splits`)
-    ws: int = 0  # warp-specialised (sm_90a) with this many consumer warpgroups (2 or 3; 0 off):
+    ws: int = 0  # warp-specialised (sm_90a) with this many consumer warpgroups (2-4; 0 off):
     # one CTA an SM, a producer warpgroup that issues every context tile's TMA copies, and the
     # consumers, which take the tiles in turn and merge at the end
     # (kernels/cuda/warp_specialized.cuh; `ws_reason`)
@@ -158,6 +158,9 @@ def ws_threads(consumers: int) -> int:
 # its default stages: 6 x 32 KB of 64-key head_dim-128 K/V tiles in flight an SM (a multiple of
 # 2 and of 3 consumers)
 WS_STAGES = 6
+# Four consumers (`ws=4`) hold their O at 112 registers a thread only beside 32-key tiles' scores;
+# 12 stages of 32 keys keep the same 192 KB in flight as 6 of 64.
+WS4_TILE = dict(tile_n=32, stages=12)
 
 
 def num_warps(block_size: int, group: int, wgmma: bool = False, row_split: int = 1) -> int:
@@ -280,14 +283,15 @@ def tma_reason(params: Params, head_dim: int, warps: int, sm: int | None = None)
 
 
 def ws_reason(params: Params, head_dim: int, warps: int, sm: int | None = None) -> str | None:
-    """Why `params.ws` cannot apply (None when it can, or is off): 2 or 3 consumers, sm_90a,
+    """Why `params.ws` cannot apply (None when it can, or is off): 2-4 consumers, sm_90a,
     consumers of one warpgroup (at most 64 packed rows a CTA; `row_split` deals more), wgmma
-    tiles, stages a multiple of the consumers; its loads and its Q stage are its own, so none of
-    the pipelined path's knobs (q_smem, overlap, tma, lean)."""
+    tiles, stages a multiple of the consumers (with 32-key tiles two a consumer, which its
+    hand-over of O needs); its loads and its Q stage are its own, so none of the pipelined
+    path's knobs (q_smem, overlap, tma, lean)."""
     if not params.ws:
         return None
-    if params.ws not in (2, 3):
-        return f"ws={params.ws}: 2 or 3 consumer warpgroups (0: off)"
+    if params.ws not in (2, 3, 4):
+        return f"ws={params.ws}: 2, 3 or 4 consumer warpgroups (0: off)"
     if sm is not None and sm != 90:
         return f"ws needs sm_90a (TMA, wgmma, setmaxnreg), which SM {sm} does not have"
     if warps != 4:
@@ -295,12 +299,15 @@ def ws_reason(params: Params, head_dim: int, warps: int, sm: int | None = None) 
                 f"warps); row_split deals more over CTAs")
     if params.wgmma is not None and not params.wgmma:
         return "ws runs on wgmma: wgmma=0 has no warp-specialised variant"
-    if params.tile_n not in (64, 128) or head_dim not in (64, 128):
-        # a consumer hands its 64 x head_dim fp32 O to the first through one K/V stage
-        return f"ws needs tile_n 64/128 and head_dim 64/128 (tile_n={params.tile_n})"
+    if params.tile_n not in (32, 64, 128) or head_dim not in (64, 128):
+        return f"ws needs tile_n 32-128 and head_dim 64/128 (tile_n={params.tile_n})"
     if params.stages < params.ws or params.stages % params.ws:
         return (f"ws={params.ws} needs stages a multiple of its {params.ws} consumers "
                 f"(stages={params.stages})")
+    if params.tile_n == 32 and params.stages < 2 * params.ws:
+        # a consumer hands its 64 x head_dim fp32 O to the first through its K/V stages
+        return (f"ws with 32-key tiles needs two stages a consumer for the hand-over "
+                f"(stages={params.stages}, ws={params.ws})")
     if params.q_smem or params.overlap or params.tma or params.lean:
         return "ws loads its own tiles: q_smem, overlap, tma and lean do not combine with it"
     return None
@@ -481,7 +488,7 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
         rows = problem.batch * g.block_size * g.num_q_heads
         overrides = {"combine": 2 if rows <= COMBINE_CTA_MAX_ROWS else 1, **overrides}
     if overrides.get("ws"):  # its own pipeline: none of the pipelined path's knobs
-        overrides = {"stages": WS_STAGES, **overrides}
+        overrides = {**(WS4_TILE if overrides["ws"] == 4 else {"stages": WS_STAGES}), **overrides}
         if problem is not None and "row_split" not in overrides:
             g = problem.geometry  # consumers of one warpgroup: at most 64 rows a CTA
             overrides["row_split"] = -(-g.block_size * g.group // 64)
@@ -604,7 +611,7 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "row_split": [1, 2, 3],
         "lean": [False, True],
         "ctas_per_sm": [0, 1, 2],
-        "ws": [0, 2, 3],
+        "ws": [0, 2, 3, 4],
     }
 
 

@@ -261,7 +261,7 @@ def supports(backend, problem: Problem, sm: int | None = None) -> str | None:
 # knobs not listed take the values of the backend's `tunables()` (or its default).
 PARAM_RANGES = {
     "tile_n": (16, 256, True),  # (low, high, power of two)
-    "stages": (2, 8, False),
+    "stages": (2, 12, False),  # 12: ws=4's 32-key stages
     "num_splits": (0, 128, False),
     "min_ctas": (1, 32, False),
     "combine": (1, 2, False),

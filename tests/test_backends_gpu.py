@@ -28,16 +28,16 @@ pytestmark = pytest.mark.gpu
 # context tiles with bulk tensor copies (the same shapes, sm_90a only), "cupy:lean=1" (and on
 # mma.sync, "cupy:lean=1,wgmma=0") issues a tile's copies from one base address and folds the
 # softmax scale into exp2 (tests/test_lean.py), "cupy:ws=2" is the warp-specialised kernel (a
-# producer warpgroup issuing TMA copies, two or three consumer warpgroups; sm_90a only, rows dealt over
-# CTAs of at most 64), "cupy:combine=1" merges
+# producer warpgroup issuing TMA copies, two to four consumer warpgroups, "ws=4" and
+# "ws=3,tile_n=32" on 32-key tiles; sm_90a only, rows dealt over CTAs of at most 64), "cupy:combine=1" merges
 # the splits with a warp a row (every SM; the tests' shapes pack at most 1024 rows a call, where
 # "cupy" merges a CTA a row); "cutlass" is the CuTe
 # port of the same algorithm (mma.sync), "cutlass:wgmma=1" its warpgroup-MMA path on sm_90 where
 # the shape allows. `cupy:wgmma=1` on CTAs that are not whole warpgroups (laguna's 9 warps padded
 # to 3 warpgroups) is checked by the test_padded_wgmma_* tests at the end of this file.
 BACKENDS = ["cupy", "cupy:wgmma=0", "cupy:overlap=1", "cupy:overlap=2", "cupy:tma=1", "cupy:lean=1",
-            "cupy:lean=1,wgmma=0", "cupy:ws=2", "cupy:ws=3",
-            "cupy:combine=1", "cutlass", "cutlass:wgmma=1"]
+            "cupy:lean=1,wgmma=0", "cupy:ws=2", "cupy:ws=3", "cupy:ws=4",
+            "cupy:ws=3,tile_n=32", "cupy:combine=1", "cutlass", "cutlass:wgmma=1"]
 
 
 def _backend(spec: str):

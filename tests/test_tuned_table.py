@@ -341,7 +341,7 @@ def test_deeply_nested_json(tmp_path, here, capsys):
 
 @pytest.mark.parametrize("spec, message", [
     ("cupy:min_ctas=1 -DEVIL=1", "min_ctas='1 -DEVIL=1' must be int"),
-    ("cupy:stages=0", "stages=0 must be from 2 to 8"),
+    ("cupy:stages=0", "stages=0 must be from 2 to 12"),
     ("cupy:tile_n=48", "tile_n=48 must be a power of two"),
     ("cupy:num_splits=-1", "num_splits=-1 must be from 0"),
     ("cupy:q_smem=2", "q_smem=2 must be true or false"),

@@ -46,7 +46,11 @@ def test_more_than_64_rows_are_dealt_over_ctas(preset, rows_per_cta):
     ("cupy:ws=2,overlap=2", "loads its own tiles"),
     ("cupy:ws=2,lean=1", "loads its own tiles"),
     ("cupy:ws=2,wgmma=0", "runs on wgmma"),
-    ("cupy:ws=2,tile_n=32", "tile_n 64/128"),  # the hand-over needs a stage of 64 keys
+    ("cupy:ws=2,tile_n=16", "tile_n 32-128"),
+    # a consumer's 64 x 128 fp32 O is handed over through two of its 32-key stages
+    ("cupy:ws=2,tile_n=32,stages=2", "two stages a consumer"),
+    ("cupy:ws=4,stages=4", "two stages a consumer"),
+    ("cupy:ws=4,stages=6", "multiple of its 4 consumers"),
 ])
 def test_refused_combinations_say_why(spec, words):
     assert words in registry.from_spec(spec).supports(_problem(), 90)
@@ -54,9 +58,10 @@ def test_refused_combinations_say_why(spec, words):
 
 def test_only_sm90_and_only_2_or_3_consumers():
     assert "sm_90a" in registry.from_spec("cupy:ws=2").supports(_problem(), 100)
-    with pytest.raises(ValueError, match="ws"):
-        registry.from_spec("cupy:ws=1")
-    assert cb.tunables()["ws"] == [0, 2, 3]
+    for bad in (1, 5):
+        with pytest.raises(ValueError, match="ws"):
+            registry.from_spec(f"cupy:ws={bad}")
+    assert cb.tunables()["ws"] == [0, 2, 3, 4]
     assert registry.from_spec("cupy").params_for(_problem(), 90).ws == 0  # opt-in
 
 
@@ -92,3 +97,44 @@ def test_three_consumer_variant_compiles(cache_dir):
     p = registry.from_spec("cupy:ws=3").params_for(_problem(), 90)
     res = cb.compile_variant(cb.variant_defines("float16", 128, 16, 16, 4, p, 90), 90)
     assert res.resources["drafter_attention"].registers <= 128  # 512 threads
+
+
+def test_four_consumers_take_32_key_tiles_in_12_stages(cache_dir):
+    """Four consumers hold a 64 x 128 fp32 O at 112 registers only beside 32-key tiles' scores;
+    12 stages keep 192 KB of K/V in flight, and each consumer owns three, two of which carry its
+    hand-over. ptxas compiles the 640-thread kernel at 96 registers (setmaxnreg gives the
+    consumers 112) and spills a few dozen bytes."""
+    backend = registry.from_spec("cupy:ws=4")
+    p = backend.params_for(_problem(), 90)
+    assert (p.ws, p.tile_n, p.stages) == (4, 32, 12) and backend.supports(_problem(), 90) is None
+    assert cb.ws_threads(4) == 640
+    need = p.smem_bytes(128, 4, True, 64)
+    assert need == 12 * 2 * 32 * 128 * 2 + 64 * 128 * 2 + 12 * 16 + 8 + 3 * 2048
+    assert need <= cb.sm_budget(90).smem_block
+    d = cb.variant_defines("bfloat16", 128, 64, 16, 4, p, 90)
+    assert (d["WS_CONSUMERS"], d["TILE_N"], d["STAGES"]) == (4, 32, 12)
+    res = cb.compile_variant(d, 90)
+    attn = res.resources["drafter_attention"]
+    assert res.arch == "sm_90a" and attn.registers <= 96 and attn.spill_store_bytes <= 64
+
+
+@pytest.mark.parametrize("ws,regs", [(4, 120), (3, 168)])
+def test_consumer_registers_past_what_the_producer_frees_do_not_compile(cache_dir, ws, regs):
+    """setmaxnreg.inc waits until the CTA's pool has the registers, and only the producer's
+    setmaxnreg.dec refills it: 4 consumers at 120 hung an H200 (640 x 96 at launch, 128 x 72
+    given back, 512 x 24 asked for). The kernel refuses such a split at compile time."""
+    p = registry.from_spec(f"cupy:ws={ws}").params_for(_problem(), 90)
+    d = dict(cb.variant_defines("bfloat16", 128, 64, 16, 4, p, 90), WS_CONSUMER_REGS=regs)
+    with pytest.raises(Exception, match="setmaxnreg.inc must fit"):
+        cb.compile_variant(d, 90)
+
+
+def test_three_consumers_take_32_key_tiles_without_spills(cache_dir):
+    """At 160 registers three consumers spill 64-key tiles' loop, not 32-key tiles' (12 math
+    warps an SM, a candidate beside ws=4's 16)."""
+    backend = registry.from_spec("cupy:ws=3,tile_n=32,stages=6")
+    p = backend.params_for(_problem(), 90)
+    assert backend.supports(_problem(), 90) is None
+    res = cb.compile_variant(cb.variant_defines("bfloat16", 128, 64, 16, 4, p, 90), 90)
+    assert res.spills == 0
+    assert registry.from_spec("cupy:ws=4,stages=12").params_for(_problem(), 90).stages == 12

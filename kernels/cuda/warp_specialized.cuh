@@ -1,7 +1,7 @@
-// The warp-specialised body of drafter_attention (WARP_SPEC=1, sm_90a; cupy_backend `ws=2`, `=3`).
+// The warp-specialised body of drafter_attention (WARP_SPEC=1, sm_90a; cupy_backend `ws=2`..`=4`).
 // Included by drafter_attention.cu after its tile layout and TMA constants, whose names it uses.
 //
-// One CTA of 1 + WS_CONSUMERS warpgroups (2 or 3 consumers), one CTA an SM:
+// One CTA of 1 + WS_CONSUMERS warpgroups (2, 3 or 4 consumers), one CTA an SM:
 // - warpgroup 0, the producer: lane 0 of its first warp issues every context tile's bulk tensor
 //   copies (TMA) into a ring of STAGES K/V stages, each completing on that stage's `full`
 //   barrier; the warp's lanes hold the split's page ids, 32 at a time, a chunk ahead. The block's
@@ -15,14 +15,16 @@
 //   S = Q K^T and P V on wgmma with its own online softmax over its tiles, and frees the stage
 //   on its `empty` barrier. One consumer's softmax runs while another's wgmmas do, and no copy
 //   issue sits on their chain. Two consumers are as many math warps an SM as the pipelined
-//   kernel's two one-warpgroup CTAs; three are 1.5 times as many, at 160 registers a thread.
+//   kernel's two one-warpgroup CTAs; three are 1.5 times as many, at 160 registers a thread;
+//   four twice as many, at 112, which holds a 64 x 128 fp32 O only beside 32-key tiles' scores.
 //   Measured on the H200 (results/perf-notes.md, "A producer warpgroup and consumer
 //   warpgroups"): two are 3-5% faster than the pipelined kernel below batch 8, slower at large
 //   batch, long contexts and laguna; three are slower than two.
 // At the end each other consumer hands its rows (unnormalised O, max and sum) to consumer 0
-// through its own last stage, and consumer 0 merges them and writes the output or the split's
-// partial, as the other paths do. Rows: at most 64 a CTA (one wgmma M tile; ROW_SPLIT deals
-// more over CTAs).
+// through its own stages (the K and V halves of its last tile's, and of another of its own
+// where 32-key stages are too small), and consumer 0 merges them and writes the output or the
+// split's partial, as the other paths do. Rows: at most 64 a CTA (one wgmma M tile; ROW_SPLIT
+// deals more over CTAs).
 #pragma once
 
 #ifndef WS_CONSUMERS
@@ -30,7 +32,7 @@
 #endif
 namespace {
 constexpr int WS_THREADS = 128 * (1 + WS_CONSUMERS);
-static_assert(WS_CONSUMERS == 2 || WS_CONSUMERS == 3, "WARP_SPEC: 2 or 3 consumer warpgroups");
+static_assert(WS_CONSUMERS >= 2 && WS_CONSUMERS <= 4, "WARP_SPEC: 2, 3 or 4 consumer warpgroups");
 static_assert(WGMMA && TMA_LOADS && NUM_WARPS == 4 && !Q_SMEM && !OVERLAP,
               "WARP_SPEC: wgmma with TMA copies, 64-row consumers, its own Q stage");
 constexpr int Q_ELEMS = 64 * D;  // the CTA's 64 packed rows, in 64-column halves as a K tile
@@ -43,8 +45,13 @@ static_assert(STAGES >= WS_CONSUMERS && STAGES % WS_CONSUMERS == 0,
               "WARP_SPEC: stages a multiple of the consumers");
 static_assert(PAGE_SIZE == 0 || PAGE_SIZE >= N || (BOXES <= 32 && 32 % BOXES == 0),
               "a tile's page ids lie in one chunk of 32");
-// consumer 1's O, as fp32 fragments, fits the K and V halves of one stage
-static_assert(DTILES * 4 * 128 * 4 <= 2 * TILE_ELEMS * 2, "the hand-over fits a stage");
+// A consumer hands its fp32 O over in chunks of HO_FLOATS floats, each the K or V half of one of
+// its stages: 2 chunks (one stage) from 64-key tiles up, 4 (two stages) at 32 keys.
+constexpr int HO_FLOATS = (N < 64 ? N : 64) * D / 2;
+constexpr int HO_CHUNKS = DTILES * 4 * 128 / HO_FLOATS;
+static_assert(HO_CHUNKS <= 2 * (STAGES / WS_CONSUMERS), "the hand-over fits a consumer's stages");
+// the named barrier of the merge: after the consumers' own (1 .. WS_CONSUMERS)
+constexpr int MERGE_BARRIER = WS_CONSUMERS < 4 ? 4 : 1 + WS_CONSUMERS;
 }  // namespace
 
 namespace drafter {
@@ -66,14 +73,22 @@ __device__ __forceinline__ void regs_up() {
 }
 }  // namespace drafter
 
-// Producer and consumer registers: 128 x 24 + 256 x 240 (2 consumers) or 384 x 160 (3) = 64512
-// of the SM's 65536.
+// Producer and consumer registers. The CTA launches with what ptxas gives every thread for one
+// CTA an SM (WS_LAUNCH_REGS: 168, 128 or 96 for 2, 3 or 4 consumers); `setmaxnreg.inc` only takes
+// what the producer's `setmaxnreg.dec` gave back, and waits for it forever otherwise. So
+// 128 x 24 + 256 x 240 (2 consumers) = 384 x 168; 128 x 24 + 384 x 160 (3) <= 512 x 128;
+// 128 x 24 + 512 x 112 (4) <= 640 x 96 (120 would hang: found on an H200).
 #ifndef WS_PRODUCER_REGS
 #define WS_PRODUCER_REGS 24
 #endif
 #ifndef WS_CONSUMER_REGS
-#define WS_CONSUMER_REGS (WS_CONSUMERS == 2 ? 240 : 160)
+#define WS_CONSUMER_REGS (WS_CONSUMERS == 2 ? 240 : WS_CONSUMERS == 3 ? 160 : 112)
 #endif
+namespace {
+constexpr int WS_LAUNCH_REGS = (65536 / WS_THREADS / 8 * 8) < 255 ? 65536 / WS_THREADS / 8 * 8 : 255;
+static_assert(WS_CONSUMERS * (WS_CONSUMER_REGS - WS_LAUNCH_REGS) <= WS_LAUNCH_REGS - WS_PRODUCER_REGS,
+              "WARP_SPEC: the consumers' setmaxnreg.inc must fit what the producer gives back");
+}  // namespace
 
 __device__ __forceinline__ void ws_attention_body(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k_blk, const elem_t* __restrict__ v_blk,
@@ -338,19 +353,37 @@ __device__ __forceinline__ void ws_attention_body(
   l0 += __shfl_xor_sync(0xffffffff, l0, 2);
   l1 += __shfl_xor_sync(0xffffffff, l1, 1);
   l1 += __shfl_xor_sync(0xffffffff, l1, 2);
-  constexpr int HALF_D = DTILES / 2;
+  constexpr int HALF_D = DTILES / 2, QUARTER_D = DTILES / 4;
   // consumer k's hand-over: its O fragments in its stage's K (d < HALF_D) and V halves
   auto handover = [&](int k, bool v_half) {
     const int last = n_iter > k ? k + (n_iter - 1 - k) / WS_CONSUMERS * WS_CONSUMERS : k;
     return reinterpret_cast<float*>((v_half ? sV : sK) + (last % STAGES) * TILE_ELEMS);
   };
+  // with 32-key stages (HO_CHUNKS 4) the second half of the fragments goes to another of the
+  // consumer's stages (k or k + WS_CONSUMERS, whichever its last tile did not take)
+  auto handover2 = [&](int k, bool v_half) {
+    const int last = n_iter > k ? k + (n_iter - 1 - k) / WS_CONSUMERS * WS_CONSUMERS : k;
+    const int s = last % STAGES == k ? k + WS_CONSUMERS : k;
+    return reinterpret_cast<float*>((v_half ? sV : sK) + s * TILE_ELEMS);
+  };
+  // where fragment d's 4 x 128 floats go: K, V (2 chunks), or K, V, K2, V2 (4)
+  auto ho_at = [&](int d, float* xK, float* xV, float* xK2, float* xV2) {
+    if constexpr (HO_CHUNKS <= 2) {
+      return (d < HALF_D ? xK : xV) + (d % HALF_D) * 4 * 128;
+    } else {
+      const int q = d / QUARTER_D;
+      return (q == 0 ? xK : q == 1 ? xV : q == 2 ? xK2 : xV2) + (d % QUARTER_D) * 4 * 128;
+    }
+  };
   if (c > 0) {
     float* xK = handover(c, false);
     float* xV = handover(c, true);
+    float* xK2 = HO_CHUNKS > 2 ? handover2(c, false) : nullptr;
+    float* xV2 = HO_CHUNKS > 2 ? handover2(c, true) : nullptr;
 #pragma unroll
     for (int d = 0; d < DTILES; ++d) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) (d < HALF_D ? xK : xV)[((d % HALF_D) * 4 + e) * 128 + ctid] = o[d][e];
+      for (int e = 0; e < 4; ++e) ho_at(d, xK, xV, xK2, xV2)[e * 128 + ctid] = o[d][e];
     }
     float* ml = sML + (c - 1) * 512;
     ml[ctid] = m0;
@@ -358,12 +391,14 @@ __device__ __forceinline__ void ws_attention_body(
     ml[256 + ctid] = l0;
     ml[384 + ctid] = l1;
   }
-  named_barrier(4, 128 * WS_CONSUMERS);
+  named_barrier(MERGE_BARRIER, 128 * WS_CONSUMERS);
   if (c > 0) return;
 #pragma unroll 1
   for (int k = 1; k < WS_CONSUMERS; ++k) {
-    const float* xK = handover(k, false);
-    const float* xV = handover(k, true);
+    float* xK = handover(k, false);
+    float* xV = handover(k, true);
+    float* xK2 = HO_CHUNKS > 2 ? handover2(k, false) : nullptr;
+    float* xV2 = HO_CHUNKS > 2 ? handover2(k, true) : nullptr;
     const float* ml = sML + (k - 1) * 512;
     const float om0 = ml[ctid], om1 = ml[128 + ctid];
     const float mm0 = fmaxf(m0, om0), mm1 = fmaxf(m1, om1);
@@ -376,7 +411,7 @@ __device__ __forceinline__ void ws_attention_body(
     m1 = mm1;
 #pragma unroll
     for (int d = 0; d < DTILES; ++d) {
-      const float* x = (d < HALF_D ? xK : xV) + (d % HALF_D) * 4 * 128 + ctid;
+      const float* x = ho_at(d, xK, xV, xK2, xV2) + ctid;
       o[d][0] = o[d][0] * a0 + x[0] * b0;
       o[d][1] = o[d][1] * a0 + x[128] * b0;
       o[d][2] = o[d][2] * a1 + x[256] * b1;
