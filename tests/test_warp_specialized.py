@@ -1,8 +1,9 @@
-"""CPU: the warp-specialised kernel, `cupy:ws=2` / `=3` (kernels/cuda/warp_specialized.cuh).
+"""CPU: the warp-specialised kernel, `cupy:ws=2` / `=3` / `=4` (kernels/cuda/warp_specialized.cuh).
 
 Which shapes and knobs it takes (refused before any kernel runs, with the reason), the defines
 and shared memory the host plans for it, and that its sm_90a variants compile (the two-consumer
-ones without spills). The GPU matrix (tests/test_backends_gpu.py, "cupy:ws=2", "cupy:ws=3")
+ones and three consumers on 32-key tiles without spills). The GPU matrix
+(tests/test_backends_gpu.py: "cupy:ws=2", "=3", "=4" and "cupy:ws=3,tile_n=32")
 checks its results on an H200.
 """
 
@@ -129,10 +130,11 @@ def test_consumer_registers_past_what_the_producer_frees_do_not_compile(cache_di
         cb.compile_variant(d, 90)
 
 
-def test_three_consumers_take_32_key_tiles_without_spills(cache_dir):
+@pytest.mark.parametrize("stages", [6, 9])
+def test_three_consumers_take_32_key_tiles_without_spills(cache_dir, stages):
     """At 160 registers three consumers spill 64-key tiles' loop, not 32-key tiles' (12 math
-    warps an SM, a candidate beside ws=4's 16)."""
-    backend = registry.from_spec("cupy:ws=3,tile_n=32,stages=6")
+    warps an SM; the sm90 profile measures 6 and 9 stages)."""
+    backend = registry.from_spec(f"cupy:ws=3,tile_n=32,stages={stages}")
     p = backend.params_for(_problem(), 90)
     assert backend.supports(_problem(), 90) is None
     res = cb.compile_variant(cb.variant_defines("bfloat16", 128, 64, 16, 4, p, 90), 90)
