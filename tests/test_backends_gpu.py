@@ -37,7 +37,7 @@ pytestmark = pytest.mark.gpu
 # to 3 warpgroups) is checked by the test_padded_wgmma_* tests at the end of this file.
 BACKENDS = ["cupy", "cupy:wgmma=0", "cupy:overlap=1", "cupy:overlap=2", "cupy:tma=1", "cupy:lean=1",
             "cupy:lean=1,wgmma=0", "cupy:ws=2", "cupy:ws=3", "cupy:ws=4",
-            "cupy:ws=3,tile_n=32", "cupy:combine=1", "cutlass", "cutlass:wgmma=1"]
+            "cupy:ws=3,tile_n=32", "cupy:ws=3,tile_n=32,stages=9", "cupy:combine=1", "cutlass", "cutlass:wgmma=1"]
 
 
 def _backend(spec: str):

@@ -3,7 +3,7 @@
 Which shapes and knobs it takes (refused before any kernel runs, with the reason), the defines
 and shared memory the host plans for it, and that its sm_90a variants compile (the two-consumer
 ones and three consumers on 32-key tiles without spills). The GPU matrix
-(tests/test_backends_gpu.py: "cupy:ws=2", "=3", "=4" and "cupy:ws=3,tile_n=32")
+(tests/test_backends_gpu.py: "cupy:ws=2", "=3", "=4" and "cupy:ws=3,tile_n=32" in 6 and 9 stages)
 checks its results on an H200.
 """
 
