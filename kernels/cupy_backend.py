@@ -161,6 +161,9 @@ WS_STAGES = 6
 # Four consumers (`ws=4`) hold their O at 112 registers a thread only beside 32-key tiles' scores;
 # 12 stages of 32 keys keep the same 192 KB in flight as 6 of 64.
 WS4_TILE = dict(tile_n=32, stages=12)
+# The deepest cp.async / TMA pipeline of the other paths (and of the CuTe backend): built and
+# GPU-tested up to 8 stages; the registry's range goes to 12 for the warp-specialised kernel.
+PIPELINE_MAX_STAGES = 8
 
 
 def num_warps(block_size: int, group: int, wgmma: bool = False, row_split: int = 1) -> int:
@@ -591,6 +594,9 @@ def supports(problem: Problem, params: Params | None = None, sm: int | None = No
     reason = ws_reason(params, g.head_dim, warps, sm)
     if reason:
         return reason
+    if not params.ws and params.stages > PIPELINE_MAX_STAGES:
+        return (f"stages={params.stages}: the pipelined paths take 2-{PIPELINE_MAX_STAGES} stages "
+                f"(more only with ws, the warp-specialised kernel)")
     reason = smem_limit_reason(params.smem_bytes(g.head_dim, warps, bool(params.wgmma),
                                                  problem.page_size), sm)
     if reason:

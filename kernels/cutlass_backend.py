@@ -118,6 +118,8 @@ def supports(problem: Problem, params: Params | None = None, sm: int | None = No
         return f"tile_n {params.tile_n} must be a power of two from 16 to 256"
     if params.stages < 2:
         return f"stages {params.stages} < 2 (the cp.async pipeline needs two stages)"
+    if params.stages > cb.PIPELINE_MAX_STAGES:
+        return f"stages {params.stages} > {cb.PIPELINE_MAX_STAGES} (the deepest pipeline built and tested)"
     reason = cb.problem_reason(problem, params.tile_n, HEAD_DIMS, PAGE_SIZES, MAX_ROWS)
     if reason:
         return reason

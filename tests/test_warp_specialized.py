@@ -52,6 +52,10 @@ def test_more_than_64_rows_are_dealt_over_ctas(preset, rows_per_cta):
     ("cupy:ws=2,tile_n=32,stages=2", "two stages a consumer"),
     ("cupy:ws=4,stages=4", "two stages a consumer"),
     ("cupy:ws=4,stages=6", "multiple of its 4 consumers"),
+    # the registry takes up to 12 stages for ws; the other paths stop at 8
+    ("cupy:tile_n=16,stages=12", "2-8 stages"),
+    ("cupy:tile_n=16,stages=9,wgmma=0", "2-8 stages"),
+    ("cutlass:tile_n=16,stages=9", "stages 9 > 8"),
 ])
 def test_refused_combinations_say_why(spec, words):
     assert words in registry.from_spec(spec).supports(_problem(), 90)
