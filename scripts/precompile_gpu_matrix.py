@@ -82,15 +82,16 @@ def table_jobs(specs, preset, pages, sm):
 def sweep_jobs(paths, sm, db=None):
     """Every variant the candidates of the sweep specs `paths` load: each attention module, and
     the store's module per layout (a minimal geometry at default parameters, as the step loads it).
-    With `db` (a profile database), only the candidates it holds no row of: what a sweep into it
-    still measures."""
+    With `db` (a profile database), only the candidates it holds no row of on today's kernel
+    sources: what a sweep into it still measures."""
+    from drafter_attn.kernels.nvrtc import sources_digest
     from drafter_attn.tuner.db import ProfileDB
     from drafter_attn.tuner.spec import load_spec
 
     done = set()
     if db and os.path.exists(db):
         with ProfileDB(db, readonly=True) as profile:
-            done = profile.done_candidates(None)
+            done = profile.done_candidates(None, sources_hash=sources_digest())
     out = set()
     for path in paths:
         for c in load_spec(path).candidates():

@@ -26,10 +26,11 @@ timeout -s INT -k 30 "${SWEEP_S:-520}" python3 -m drafter_attn.tuner sweep "$spe
 echo "sweep: exit $?, $((SECONDS - start)) s"
 python3 - "$db" "$spec" <<'PY'
 import sqlite3, sys
+from drafter_attn.kernels.nvrtc import sources_digest
 from drafter_attn.tuner.db import ProfileDB
 from drafter_attn.tuner.spec import load_spec
-with ProfileDB(sys.argv[1], readonly=True) as db:
-    done = db.done_candidates(None)
+with ProfileDB(sys.argv[1], readonly=True) as db:  # rows of older kernel sources are stale
+    done = db.done_candidates(None, sources_hash=sources_digest())
 c = sqlite3.connect(sys.argv[1])
 want = {x.key() for x in load_spec(sys.argv[2]).candidates()}
 print(f"{len(want & done)} of {len(want)} candidates measured, {len(want - done)} left")

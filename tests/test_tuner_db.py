@@ -54,6 +54,9 @@ def test_round_trip(tmp_path):
         assert db.done_candidates("other-env") == set()
         assert db.done_candidates(None) == db.done_candidates(env)  # any environment
         assert db.done_candidates(None, ["failed_runtime"]) == {rows[1]["candidate_key"]}
+        # only rows of the given kernel sources (FP's "abc"; a row of other sources is stale)
+        assert db.done_candidates(None, sources_hash="abc") == db.done_candidates(env)
+        assert db.done_candidates(None, sources_hash="older") == set()
 
 
 def test_bad_rows_are_refused(tmp_path):

@@ -416,9 +416,11 @@ class ProfileDB:
             raise
 
     # -- reads --------------------------------------------------------------------------------
-    def done_candidates(self, env_id: str | None, statuses=None) -> set[str]:
+    def done_candidates(self, env_id: str | None, statuses=None, *,
+                        sources_hash: str | None = None) -> set[str]:
         """candidate_keys with a row in environment `env_id` (None: in any) of the given
-        statuses (or any)."""
+        statuses (or any); with `sources_hash`, only in environments of those kernel sources (a
+        row of older sources is stale: the next sweep measures its candidate again)."""
         where, args = [], []
         if env_id is not None:
             where.append("env_id = ?")
@@ -426,6 +428,9 @@ class ProfileDB:
         if statuses:
             where.append(f"status IN ({', '.join('?' * len(statuses))})")
             args += list(statuses)
+        if sources_hash is not None:
+            where.append("env_id IN (SELECT env_id FROM environments WHERE sources_hash = ?)")
+            args.append(sources_hash)
         sql = "SELECT DISTINCT candidate_key FROM results" + (" WHERE " + " AND ".join(where) if where else "")
         with db_errors(self.path, "reading done candidates"):
             return {r[0] for r in self.conn.execute(sql, args)}
