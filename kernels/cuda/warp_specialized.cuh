@@ -8,7 +8,8 @@
 //   own K/V (the last split's last tile) the same warp copies by cp.async. The math warps never
 //   issue a copy or wait for a page id, and a tile's copies go out as soon as its stage is free.
 // - consumer 0 copies the CTA's Q rows into shared memory once, where S = Q K^T reads both
-//   operands (32 registers a thread fewer; three consumers still spill 64-80 bytes at 160).
+//   operands (32 registers a thread fewer; three consumers still spill 64-80 bytes at 160 on
+//   64-key tiles, and none on 32-key tiles).
 // - warpgroups 1 .. WS_CONSUMERS, the consumers: consumer c takes tiles c, c + WS_CONSUMERS, ...
 //   (stage v % STAGES, STAGES a multiple of WS_CONSUMERS, so a stage always serves the same
 //   consumer and its barriers' phases follow that consumer's tiles in order). Each runs
@@ -17,9 +18,9 @@
 //   issue sits on their chain. Two consumers are as many math warps an SM as the pipelined
 //   kernel's two one-warpgroup CTAs; three are 1.5 times as many, at 160 registers a thread;
 //   four twice as many, at 112, which holds a 64 x 128 fp32 O only beside 32-key tiles' scores.
-//   Measured on the H200 (results/perf-notes.md, "A producer warpgroup and consumer
-//   warpgroups"): two are 3-5% faster than the pipelined kernel below batch 8, slower at large
-//   batch, long contexts and laguna; three are slower than two.
+//   Measured on the H200 (results/perf-notes.md, "Three and four consumers on 32-key tiles"):
+//   three on 32-key tiles are the fastest below batch 8 (B=1 8k 20.7 us against 24.2 for the
+//   pipelined kernel); all are slower at large batch, long contexts and laguna; four spill.
 // At the end each other consumer hands its rows (unnormalised O, max and sum) to consumer 0
 // through its own stages (the K and V halves of its last tile's, and of another of its own
 // where 32-key stages are too small), and consumer 0 merges them and writes the output or the
