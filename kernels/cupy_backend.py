@@ -78,7 +78,8 @@ class Params:
     # (`num_warps`, drafter_attention.cu ROW_SPLIT; `row_split_reason`)
     lean: bool = False  # fewer instructions a tile: a cp.async context tile's copies from one base
     # address (pages of a tile or more, the arena), and the softmax scale folded into exp2's FMA
-    # (drafter_attention.cu LEAN)
+    # (drafter_attention.cu LEAN); with `ws`, the consumers' tile loop: descriptors made once,
+    # masking behind one branch, O rescaled only when a row's max moves (warp_specialized.cuh)
     ctas_per_sm: int = 0  # CTAs an SM the split model plans a wave with: 0 as many as fit, else at
     # most this many (host only: one CTA an SM gives each CTA more tiles; `plan_splits`)
     ws: int = 0  # warp-specialised (sm_90a) with this many consumer warpgroups (2-4; 0 off):
@@ -290,7 +291,7 @@ def ws_reason(params: Params, head_dim: int, warps: int, sm: int | None = None) 
     consumers of one warpgroup (at most 64 packed rows a CTA; `row_split` deals more), wgmma
     tiles, stages a multiple of the consumers (with 32-key tiles two a consumer, which its
     hand-over of O needs); its loads and its Q stage are its own, so none of the pipelined
-    path's knobs (q_smem, overlap, tma, lean)."""
+    path's knobs (q_smem, overlap, tma); `lean` has a ws meaning of its own."""
     if not params.ws:
         return None
     if params.ws not in (2, 3, 4):
@@ -311,8 +312,8 @@ def ws_reason(params: Params, head_dim: int, warps: int, sm: int | None = None) 
         # a consumer hands its 64 x head_dim fp32 O to the first through its K/V stages
         return (f"ws with 32-key tiles needs two stages a consumer for the hand-over "
                 f"(stages={params.stages}, ws={params.ws})")
-    if params.q_smem or params.overlap or params.tma or params.lean:
-        return "ws loads its own tiles: q_smem, overlap, tma and lean do not combine with it"
+    if params.q_smem or params.overlap or params.tma:
+        return "ws loads its own tiles: q_smem, overlap and tma do not combine with it"
     return None
 
 

@@ -29,7 +29,9 @@ pytestmark = pytest.mark.gpu
 # mma.sync, "cupy:lean=1,wgmma=0") issues a tile's copies from one base address and folds the
 # softmax scale into exp2 (tests/test_lean.py), "cupy:ws=2" is the warp-specialised kernel (a
 # producer warpgroup issuing TMA copies, two to four consumer warpgroups, "ws=4" and
-# "ws=3,tile_n=32" on 32-key tiles; sm_90a only, rows dealt over CTAs of at most 64), "cupy:combine=1" merges
+# "ws=3,tile_n=32" on 32-key tiles, "lean=1" with its consumers' leaner tile loop: one mask
+# branch a tile, O rescaled only when a row's max moves; sm_90a only, rows dealt over CTAs of at
+# most 64), "cupy:combine=1" merges
 # the splits with a warp a row (every SM; the tests' shapes pack at most 1024 rows a call, where
 # "cupy" merges a CTA a row); "cutlass" is the CuTe
 # port of the same algorithm (mma.sync), "cutlass:wgmma=1" its warpgroup-MMA path on sm_90 where
@@ -37,7 +39,9 @@ pytestmark = pytest.mark.gpu
 # to 3 warpgroups) is checked by the test_padded_wgmma_* tests at the end of this file.
 BACKENDS = ["cupy", "cupy:wgmma=0", "cupy:overlap=1", "cupy:overlap=2", "cupy:tma=1", "cupy:lean=1",
             "cupy:lean=1,wgmma=0", "cupy:ws=2", "cupy:ws=3", "cupy:ws=4",
-            "cupy:ws=3,tile_n=32", "cupy:ws=3,tile_n=32,stages=9", "cupy:combine=1", "cutlass", "cutlass:wgmma=1"]
+            "cupy:ws=3,tile_n=32", "cupy:ws=3,tile_n=32,stages=9", "cupy:ws=2,lean=1",
+            "cupy:ws=3,tile_n=32,stages=9,lean=1", "cupy:ws=4,lean=1", "cupy:combine=1", "cutlass",
+            "cutlass:wgmma=1"]
 
 
 def _backend(spec: str):
@@ -153,6 +157,33 @@ def test_forced_split_counts(backend, splits):
     lens = [0, 5, 700, 4097]
     q, kb, vb = _block_inputs(geom, len(lens), gen)
     cache = random_paged_context(geom, lens, 64, "cuda", gen)
+    ref = reference.paged_attention(q, kb, vb, *cache)
+    _poison_allocator(q)
+    _assert_close(impl.paged_attention(q, kb, vb, *cache), ref, geom.dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("profile", ["climbing", "sink"])
+def test_scores_that_move_the_running_max(backend, profile):
+    """Keys scaled up along the context make every row's running max climb tile after tile past
+    any slack (the ws `lean` loop rescales O only when a max moves by more than 2^8), and a sink
+    (the first tokens' keys scaled 4x) leaves every later max of its split stale; each row's
+    query differs, so within a warp some rows move and others do not."""
+    geom = PRESETS["qwen3-8b-dflash-b16"]
+    impl = _backend(backend)
+    page = 64
+    gen = torch.Generator().manual_seed(11 if profile == "climbing" else 12)
+    lens = [3000, 1111]
+    q, kb, vb = _block_inputs(geom, len(lens), gen)
+    k_pages, v_pages, table, ctx_lens = random_paged_context(geom, lens, page, "cuda", gen)
+    factor = torch.ones(k_pages.shape[0], 1, page, 1, device="cuda")
+    for b, n in enumerate(lens):
+        pos = torch.arange(n, device="cuda", dtype=torch.float32)
+        f = 1 + pos / 400 if profile == "climbing" else torch.where(pos < 4, 4.0, 1.0)
+        f = torch.nn.functional.pad(f, (0, -n % page)).view(-1, page)
+        factor[table[b, :f.shape[0]].long(), 0] = f.unsqueeze(-1)
+    k_pages = (k_pages.float() * factor).to(k_pages.dtype)
+    cache = (k_pages, v_pages, table, ctx_lens)
     ref = reference.paged_attention(q, kb, vb, *cache)
     _poison_allocator(q)
     _assert_close(impl.paged_attention(q, kb, vb, *cache), ref, geom.dtype)

@@ -17,9 +17,10 @@
 // (request, KV head) dealt over ROW_SPLIT CTAs of ceil(Qb*G / ROW_SPLIT) rows each, which read
 // the same K/V: laguna's 144 rows as 3 CTAs of one warpgroup instead of one of 3 warpgroups),
 // LEAN (a cp.async context tile's copies from one base address where the tile lies in one page
-// or the arena slot; scores kept raw until exp2, whose FMA applies the scale), WARP_SPEC (with
-// WS_CONSUMERS: a producer warpgroup issuing the TMA copies and 2 or 3 consumer warpgroups taking
-// the tiles in turn, one CTA an SM: warp_specialized.cuh, whose body replaces this file's).
+// or the arena slot; scores kept raw until exp2, whose FMA applies the scale; with WARP_SPEC
+// the consumers' leaner tile loop), WARP_SPEC (with WS_CONSUMERS: a producer warpgroup issuing
+// the TMA copies and 2-4 consumer warpgroups taking the tiles in turn, one CTA an SM:
+// warp_specialized.cuh, whose body replaces this file's).
 //
 // One CTA = one (request b, KV head, KV split). Its Qb*G query rows (all query heads sharing the KV
 // head, for every block position) form one M-tile, so each K/V byte is read once per split and

@@ -21,6 +21,10 @@
 //   Measured on the H200 (results/perf-notes.md, "Three and four consumers on 32-key tiles"):
 //   three on 32-key tiles are the fastest below batch 8 (B=1 8k 20.7 us against 24.2 for the
 //   pipelined kernel); all are slower at large batch, long contexts and laguna; four spill.
+// LEAN (`ws=...,lean=1`) trims the consumers' tile loop: descriptors made once and advanced by
+// offsets, the mask behind one uniform branch instead of a branch a score, and O rescaled only
+// when some row's running max moves by more than RESCALE_SLACK (the loop's static length 1158 ->
+// 558 instructions for ws=3 on 32-key tiles at page 64).
 // At the end each other consumer hands its rows (unnormalised O, max and sum) to consumer 0
 // through its own stages (the K and V halves of its last tile's, and of another of its own
 // where 32-key stages are too small), and consumer 0 merges them and writes the output or the
@@ -51,6 +55,8 @@ static_assert(PAGE_SIZE == 0 || PAGE_SIZE >= N || (BOXES <= 32 && 32 % BOXES == 
 constexpr int HO_FLOATS = (N < 64 ? N : 64) * D / 2;
 constexpr int HO_CHUNKS = DTILES * 4 * 128 / HO_FLOATS;
 static_assert(HO_CHUNKS <= 2 * (STAGES / WS_CONSUMERS), "the hand-over fits a consumer's stages");
+// LEAN: how far (log2 units) a row's tile max may pass its running max before that one moves
+constexpr float RESCALE_SLACK = 8.f;
 // the named barrier of the merge: after the consumers' own (1 .. WS_CONSUMERS)
 constexpr int MERGE_BARRIER = WS_CONSUMERS < 4 ? 4 : 1 + WS_CONSUMERS;
 }  // namespace
@@ -230,6 +236,13 @@ __device__ __forceinline__ void ws_attention_body(
   const int r0 = r_lo + query_row(cwarp, g), r1 = r0 + 8;
   const int i0 = min(r0 / group, qb - 1), i1 = min(r1 / group, qb - 1);
   mbar_wait(qbar, 0);
+  // LEAN: shared-memory descriptors of the Q stage and of K and V stage 0, made once. A stage or
+  // a k-step is an offset added to the address field (16-byte units, bits 0-13; every operand
+  // lies inside the CTA's shared memory, so no sum carries out of it): two instructions a wgmma,
+  // where rebuilding a descriptor from its pointer takes about ten.
+  const unsigned long long dq = wgmma_desc_sw128(sQ, 16, 1024);
+  const unsigned long long dk0 = wgmma_desc_sw128(sK, 16, 1024);
+  const unsigned long long dv0 = wgmma_desc_sw128(sV, HALF_ELEMS * 2, 1024);
   // After a wgmma.wait_group: the compiler may not move reads of accumulator `x` above it
   auto acc_fence = [](auto& x) {
 #pragma unroll
@@ -269,23 +282,54 @@ __device__ __forceinline__ void ws_attention_body(
 #pragma unroll
     for (int n = 0; n < NTILES; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
     wgmma_fence();
+    if constexpr (LEAN) {
+      const unsigned long long dk = dk0 + desc_offset(s * TILE_ELEMS);
 #pragma unroll
-    for (int ks = 0; ks < KSTEPS; ++ks)
-      WgMma<N>::ss(sc, wgmma_desc_sw128(sQ + (ks >> 2) * 64 * 64 + (ks & 3) * 16, 16, 1024),
-                   wgmma_desc_sw128(cK + (ks >> 2) * HALF_ELEMS + (ks & 3) * 16, 16, 1024), ks > 0);
+      for (int ks = 0; ks < KSTEPS; ++ks)
+        WgMma<N>::ss(sc, dq + desc_offset((ks >> 2) * 64 * 64 + (ks & 3) * 16),
+                     dk + desc_offset((ks >> 2) * HALF_ELEMS + (ks & 3) * 16), ks > 0);
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < KSTEPS; ++ks)
+        WgMma<N>::ss(sc, wgmma_desc_sw128(sQ + (ks >> 2) * 64 * 64 + (ks & 3) * 16, 16, 1024),
+                     wgmma_desc_sw128(cK + (ks >> 2) * HALF_ELEMS + (ks & 3) * 16, 16, 1024), ks > 0);
+    }
     wgmma_commit();
     wgmma_wait<0>();
     acc_fence(sc);
 
     // mask (only tiles some row cannot fully see), online softmax on raw scores: scale_log2 > 0,
-    // so the scaled max is the max scaled, and exp2's FMA applies the scale
+    // so the scaled max is the max scaled, and exp2's FMA applies the scale. LEAN masks before
+    // the max, behind one uniform branch, with no branch a score: the test in each score's update
+    // compiles to 16 branches, each with its reconvergence, that every unmasked tile walks.
     const bool need_mask = is_block || kstart + N > P || (windowed && kstart <= P + qb - 1 - window);
+    if (LEAN && is_block) {
+#pragma unroll
+      for (int n = 0; n < NTILES; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = n * 8 + 2 * t4 + (e & 1), dj = (e < 2 ? i0 : i1) - col;
+          const bool in_window = mask_mode == MASK_SLIDING ? (dj < window) & (-dj < window)
+                                                           : (dj >= 0) & (dj < window);
+          if (!((col < qb) & ((mask_mode == MASK_FULL) | in_window))) sc[n][e] = -INFINITY;
+        }
+      }
+    } else if (LEAN && need_mask) {
+#pragma unroll
+      for (int n = 0; n < NTILES; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kp = kstart + n * 8 + 2 * t4 + (e & 1), i = e < 2 ? i0 : i1;
+          if (!((kp < P) & (!windowed | (kp > P + i - window)))) sc[n][e] = -INFINITY;
+        }
+      }
+    }
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
     for (int n = 0; n < NTILES; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        if (need_mask) {
+        if (!LEAN && need_mask) {
           const int col = n * 8 + 2 * t4 + (e & 1);
           const int i = e < 2 ? i0 : i1;
           bool vis;
@@ -308,10 +352,17 @@ __device__ __forceinline__ void ws_attention_body(
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
-    const float mn0 = fmaxf(m0, mx0 * scale_log2), mn1 = fmaxf(m1, mx1 * scale_log2);
+    // LEAN: a row's running max moves only where the tile's passes it by more than
+    // RESCALE_SLACK. Against a stale max a probability is at most 2^RESCALE_SLACK, far inside
+    // fp32 and the 16-bit P, and O and l share one max, so the result is the same. Past the first
+    // tiles a max seldom moves that far, and a warp none of whose rows moved skips O's rescale.
+    const float tm0 = mx0 * scale_log2, tm1 = mx1 * scale_log2;
+    const bool up0 = !LEAN || tm0 > m0 + RESCALE_SLACK, up1 = !LEAN || tm1 > m1 + RESCALE_SLACK;
+    const float mn0 = LEAN ? (up0 ? tm0 : m0) : fmaxf(m0, tm0);
+    const float mn1 = LEAN ? (up1 ? tm1 : m1) : fmaxf(m1, tm1);
     const float base0 = mn0 == -INFINITY ? 0.f : mn0;  // a fully masked row stays at zero
     const float base1 = mn1 == -INFINITY ? 0.f : mn1;
-    const float a0 = fast_exp2(m0 - base0), a1 = fast_exp2(m1 - base1);
+    const float a0 = up0 ? fast_exp2(m0 - base0) : 1.f, a1 = up1 ? fast_exp2(m1 - base1) : 1.f;
     m0 = mn0;
     m1 = mn1;
     float ps0 = 0.f, ps1 = 0.f;
@@ -326,12 +377,14 @@ __device__ __forceinline__ void ws_attention_body(
     }
     l0 = l0 * a0 + ps0;
     l1 = l1 * a1 + ps1;
+    if (!LEAN || __any_sync(0xffffffffu, up0 | up1)) {
 #pragma unroll
-    for (int d = 0; d < DTILES; ++d) {
-      o[d][0] *= a0;
-      o[d][1] *= a0;
-      o[d][2] *= a1;
-      o[d][3] *= a1;
+      for (int d = 0; d < DTILES; ++d) {
+        o[d][0] *= a0;
+        o[d][1] *= a0;
+        o[d][2] *= a1;
+        o[d][3] *= a1;
+      }
     }
     wgmma_fence();  // o was rescaled by ordinary instructions
 #pragma unroll
@@ -339,7 +392,8 @@ __device__ __forceinline__ void ws_attention_body(
       const unsigned a[4] = {pack2(sc[2 * kk][0], sc[2 * kk][1]), pack2(sc[2 * kk][2], sc[2 * kk][3]),
                              pack2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
                              pack2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-      WgMma<D>::rs_tb(o, a, wgmma_desc_sw128(cV + kk * 16 * 64, HALF_ELEMS * 2, 1024), 1);
+      WgMma<D>::rs_tb(o, a, LEAN ? dv0 + desc_offset(s * TILE_ELEMS + kk * 16 * 64)
+                                 : wgmma_desc_sw128(cV + kk * 16 * 64, HALF_ELEMS * 2, 1024), 1);
     }
     wgmma_commit();
     wgmma_wait<0>();

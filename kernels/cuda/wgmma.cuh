@@ -20,6 +20,11 @@ __device__ __forceinline__ unsigned long long wgmma_desc_sw128(const void* smem,
                                                                unsigned sbo) {
   return wgmma_desc(smem, lbo, sbo) | (1ull << 62);
 }
+// What `elems` elements further into shared memory add to a descriptor (its address field counts
+// 16 bytes); the caller keeps the sum inside shared memory, so it never carries out of the field.
+__device__ __forceinline__ unsigned long long desc_offset(int elems) {
+  return static_cast<unsigned>(elems) * sizeof(elem_t) >> 4;
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
