@@ -485,14 +485,18 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     warpgroups: 32-key tiles in 8 stages, Q in registers, not pipelined). Pipelined tiles that
     cp.async loads (below TMA's batch and context) take `lean`. The split combine runs
     a CTA a row up to `COMBINE_CTA_MAX_ROWS` packed rows a call, a warp a row above. With `ws`
-    (opt-in) the warp-specialised kernel takes `WS_STAGES` stages and deals more than 64 rows
-    over CTAs (`row_split`), and nothing of the pipelined path."""
+    (opt-in) the warp-specialised kernel takes `WS_STAGES` stages and its lean consumer loop,
+    deals more than 64 rows over CTAs (`row_split`), and nothing of the pipelined path."""
     if problem is not None and "combine" not in overrides:
         g = problem.geometry
         rows = problem.batch * g.block_size * g.num_q_heads
         overrides = {"combine": 2 if rows <= COMBINE_CTA_MAX_ROWS else 1, **overrides}
     if overrides.get("ws"):  # its own pipeline: none of the pipelined path's knobs
-        overrides = {**(WS4_TILE if overrides["ws"] == 4 else {"stages": WS_STAGES}), **overrides}
+        # and the lean consumer loop (H200: 3-12% faster at B=1-8 on dflash2, gpt-oss and page 16;
+        # the tuned pick at 66 of the sm90 profile's 224 keys; results/perf-notes.md, "The ws
+        # consumers' tile loop, trimmed")
+        overrides = {**(WS4_TILE if overrides["ws"] == 4 else {"stages": WS_STAGES}), "lean": True,
+                     **overrides}
         if problem is not None and "row_split" not in overrides:
             g = problem.geometry  # consumers of one warpgroup: at most 64 rows a CTA
             overrides["row_split"] = -(-g.block_size * g.group // 64)

@@ -29,9 +29,9 @@ pytestmark = pytest.mark.gpu
 # mma.sync, "cupy:lean=1,wgmma=0") issues a tile's copies from one base address and folds the
 # softmax scale into exp2 (tests/test_lean.py), "cupy:ws=2" is the warp-specialised kernel (a
 # producer warpgroup issuing TMA copies, two to four consumer warpgroups, "ws=4" and
-# "ws=3,tile_n=32" on 32-key tiles, "lean=1" with its consumers' leaner tile loop: one mask
-# branch a tile, O rescaled only when a row's max moves; sm_90a only, rows dealt over CTAs of at
-# most 64), "cupy:combine=1" merges
+# "ws=3,tile_n=32" on 32-key tiles, each with its consumers' lean tile loop, "lean=0" without it:
+# a mask branch a score, O rescaled every tile; sm_90a only, rows dealt over CTAs of at most 64),
+# "cupy:combine=1" merges
 # the splits with a warp a row (every SM; the tests' shapes pack at most 1024 rows a call, where
 # "cupy" merges a CTA a row); "cutlass" is the CuTe
 # port of the same algorithm (mma.sync), "cutlass:wgmma=1" its warpgroup-MMA path on sm_90 where
@@ -39,8 +39,8 @@ pytestmark = pytest.mark.gpu
 # to 3 warpgroups) is checked by the test_padded_wgmma_* tests at the end of this file.
 BACKENDS = ["cupy", "cupy:wgmma=0", "cupy:overlap=1", "cupy:overlap=2", "cupy:tma=1", "cupy:lean=1",
             "cupy:lean=1,wgmma=0", "cupy:ws=2", "cupy:ws=3", "cupy:ws=4",
-            "cupy:ws=3,tile_n=32", "cupy:ws=3,tile_n=32,stages=9", "cupy:ws=2,lean=1",
-            "cupy:ws=3,tile_n=32,stages=9,lean=1", "cupy:ws=4,lean=1", "cupy:combine=1", "cutlass",
+            "cupy:ws=3,tile_n=32", "cupy:ws=3,tile_n=32,stages=9", "cupy:ws=2,lean=0",
+            "cupy:ws=3,tile_n=32,stages=9,lean=0", "cupy:ws=4,lean=0", "cupy:combine=1", "cutlass",
             "cutlass:wgmma=1"]
 
 

@@ -51,8 +51,9 @@ def test_shipped_sm90_specs():
         "qwen3-8b-dflash-b16", "gpt-oss-20b-dflash", "dflash2-w2048", "laguna-dflash"]
     # the repeat spec keeps the thirteen sets it was measured with; sm90 added the six ws sets
     assert full.params["cupy"][:13] == rep.params["cupy"] and len(full.params["cupy"]) == 19
-    assert full.params["cupy"][13:] == [{"ws": 2}, {"ws": 2, "stages": 4}, {"ws": 3, "tile_n": 32},
-                                        {"ws": 3, "tile_n": 32, "stages": 9},
+    assert full.params["cupy"][13:] == [{"ws": 2, "lean": False}, {"ws": 2, "stages": 4, "lean": False},
+                                        {"ws": 3, "tile_n": 32, "lean": False},
+                                        {"ws": 3, "tile_n": 32, "stages": 9, "lean": False},
                                         {"ws": 3, "tile_n": 32, "lean": True},
                                         {"ws": 3, "tile_n": 32, "stages": 9, "lean": True}]
     assert full.backends == ["cupy", "cutlass"] and rep.backends == ["cupy"]

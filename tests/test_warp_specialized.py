@@ -27,7 +27,7 @@ def _problem(preset=MAIN_PRESET, page=64, batch=1, ctx=8192):
 @pytest.mark.parametrize("ws", [2, 3])
 def test_defaults_take_its_own_pipeline(ws):
     p = registry.from_spec(f"cupy:ws={ws}").params_for(_problem(), 90)
-    assert (p.ws, p.stages, p.overlap, p.tma, p.lean, p.row_split) == (ws, cb.WS_STAGES, 0, False, False, 1)
+    assert (p.ws, p.stages, p.overlap, p.tma, p.lean, p.row_split) == (ws, cb.WS_STAGES, 0, False, True, 1)
     assert cb.supports(_problem(), p, 90) is None
 
 
@@ -77,7 +77,7 @@ def test_defines_and_shared_memory(ws):
     p = registry.from_spec(f"cupy:ws={ws}").params_for(_problem(), 90)
     d = cb.variant_defines("bfloat16", 128, 64, 16, 4, p, 90)
     assert (d["WARP_SPEC"], d["TMA_LOADS"], d["WS_CONSUMERS"], d["NUM_WARPS"], d["WGMMA"]) == (1, 1, ws, 4, 1)
-    assert "OVERLAP" not in d and "LEAN" not in d
+    assert "OVERLAP" not in d and d["LEAN"] == 1  # the lean consumer loop, ws's default
     # 6 stages of 64-key K and V tiles, the Q stage, barriers and the hand-over's row statistics
     need = p.smem_bytes(128, 4, True, 64)
     assert need == 6 * 2 * 64 * 128 * 2 + 64 * 128 * 2 + 6 * 16 + 8 + (ws - 1) * 2048
