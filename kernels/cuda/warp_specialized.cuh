@@ -20,11 +20,14 @@
 //   four twice as many, at 112, which holds a 64 x 128 fp32 O only beside 32-key tiles' scores.
 //   Measured on the H200 (results/perf-notes.md, "Three and four consumers on 32-key tiles"):
 //   three on 32-key tiles are the fastest below batch 8 (B=1 8k 20.7 us against 24.2 for the
-//   pipelined kernel); all are slower at large batch, long contexts and laguna; four spill.
-// LEAN (`ws=...,lean=1`) trims the consumers' tile loop: descriptors made once and advanced by
-// offsets, the mask behind one uniform branch instead of a branch a score, and O rescaled only
-// when some row's running max moves by more than RESCALE_SLACK (the loop's static length 1158 ->
-// 558 instructions for ws=3 on 32-key tiles at page 64).
+//   pipelined kernel); all are slower at large batch, long contexts and laguna; four spill
+//   without LEAN.
+// LEAN (ws's default; `lean=0` turns it off) trims the consumers' tile loop: descriptors made
+// once and advanced by offsets, the mask behind one uniform branch instead of a branch a score,
+// and O rescaled only when some row's running max moves by more than RESCALE_SLACK (the loop's
+// static length 1158 -> 558 instructions for ws=3 on 32-key tiles at page 64; H200: 3-12%
+// faster at B=1-8 on the presets other than the main one; results/perf-notes.md, "The ws
+// consumers' tile loop, trimmed").
 // At the end each other consumer hands its rows (unnormalised O, max and sum) to consumer 0
 // through its own stages (the K and V halves of its last tile's, and of another of its own
 // where 32-key stages are too small), and consumer 0 merges them and writes the output or the
