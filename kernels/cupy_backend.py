@@ -86,6 +86,9 @@ class Params:
     # one CTA an SM, a producer warpgroup that issues every context tile's TMA copies, and the
     # consumers, which take the tiles in turn and merge at the end
     # (kernels/cuda/warp_specialized.cuh; `ws_reason`)
+    trim: bool = False  # the software-pipelined wgmma path's tile loop trimmed as ws's lean one:
+    # descriptors advanced by offsets, the mask behind one branch a tile, O rescaled only when a
+    # row's max moves by more than 2^8 (drafter_attention.cu TRIM; `trim_reason`)
 
     @property
     def tensor_maps(self) -> bool:
@@ -283,6 +286,18 @@ def tma_reason(params: Params, head_dim: int, warps: int, sm: int | None = None)
         return "tma=1 feeds the pipelined wgmma path: it needs overlap=1 or 2"
     if params.q_smem:
         return "tma=1 keeps Q in registers: q_smem=1 has no TMA variant"
+    return overlap_reason(params, head_dim, warps, sm)
+
+
+def trim_reason(params: Params, head_dim: int, warps: int, sm: int | None = None) -> str | None:
+    """Why `params.trim` cannot apply (None when it can, or is off): it trims the software-
+    pipelined wgmma path's loop (`overlap` 1 or 2); ws has its own (`lean`)."""
+    if not params.trim:
+        return None
+    if params.ws:
+        return "trim=1 trims the pipelined wgmma path; ws trims its consumers' loop with lean"
+    if not params.overlap:
+        return "trim=1 trims the software-pipelined wgmma path: it needs overlap=1 or 2"
     return overlap_reason(params, head_dim, warps, sm)
 
 
@@ -606,7 +621,8 @@ def supports(problem: Problem, params: Params | None = None, sm: int | None = No
                                                  problem.page_size), sm)
     if reason:
         return f"tile_n={params.tile_n} stages={params.stages} {reason}"
-    return overlap_reason(params, g.head_dim, warps, sm) or tma_reason(params, g.head_dim, warps, sm)
+    return (overlap_reason(params, g.head_dim, warps, sm) or tma_reason(params, g.head_dim, warps, sm)
+            or trim_reason(params, g.head_dim, warps, sm))
 
 
 def tunables(problem: Problem | None = None) -> dict[str, list]:
@@ -623,6 +639,7 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "lean": [False, True],
         "ctas_per_sm": [0, 1, 2],
         "ws": [0, 2, 3, 4],
+        "trim": [False, True],
     }
 
 
@@ -677,6 +694,11 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         if reason:
             raise ValueError(reason)
         defines.update(WARP_SPEC=1, TMA_LOADS=1, WS_CONSUMERS=params.ws)
+    if params.trim:  # named only when on: the other variants keep their defines
+        reason = trim_reason(params, head_dim, warps, sm)
+        if reason:
+            raise ValueError(reason)
+        defines["TRIM"] = 1
     return defines
 
 

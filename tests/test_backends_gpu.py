@@ -31,6 +31,7 @@ pytestmark = pytest.mark.gpu
 # producer warpgroup issuing TMA copies, two to four consumer warpgroups, "ws=4" and
 # "ws=3,tile_n=32" on 32-key tiles, each with its consumers' lean tile loop, "lean=0" without it:
 # a mask branch a score, O rescaled every tile; sm_90a only, rows dealt over CTAs of at most 64),
+# "cupy:trim=1" the pipelined wgmma path's tile loop trimmed as ws's lean one (tests/test_trim.py),
 # "cupy:combine=1" merges
 # the splits with a warp a row (every SM; the tests' shapes pack at most 1024 rows a call, where
 # "cupy" merges a CTA a row); "cutlass" is the CuTe
@@ -40,8 +41,8 @@ pytestmark = pytest.mark.gpu
 BACKENDS = ["cupy", "cupy:wgmma=0", "cupy:overlap=1", "cupy:overlap=2", "cupy:tma=1", "cupy:lean=1",
             "cupy:lean=1,wgmma=0", "cupy:ws=2", "cupy:ws=3", "cupy:ws=4",
             "cupy:ws=3,tile_n=32", "cupy:ws=3,tile_n=32,stages=9", "cupy:ws=2,lean=0",
-            "cupy:ws=3,tile_n=32,stages=9,lean=0", "cupy:ws=4,lean=0", "cupy:combine=1", "cutlass",
-            "cutlass:wgmma=1"]
+            "cupy:ws=3,tile_n=32,stages=9,lean=0", "cupy:ws=4,lean=0", "cupy:trim=1",
+            "cupy:combine=1", "cutlass", "cutlass:wgmma=1"]
 
 
 def _backend(spec: str):

@@ -18,7 +18,9 @@
 // the same K/V: laguna's 144 rows as 3 CTAs of one warpgroup instead of one of 3 warpgroups),
 // LEAN (a cp.async context tile's copies from one base address where the tile lies in one page
 // or the arena slot; scores kept raw until exp2, whose FMA applies the scale; with WARP_SPEC
-// the consumers' leaner tile loop), WARP_SPEC (with WS_CONSUMERS: a producer warpgroup issuing
+// the consumers' leaner tile loop), TRIM (the software-pipelined wgmma loop trimmed as that ws
+// one: descriptors advanced by offsets, the mask behind one branch a tile, O rescaled only when a
+// row's max moves by more than 2^8), WARP_SPEC (with WS_CONSUMERS: a producer warpgroup issuing
 // the TMA copies and 2-4 consumer warpgroups taking the tiles in turn, one CTA an SM:
 // warp_specialized.cuh, whose body replaces this file's).
 //
@@ -37,6 +39,9 @@
 #endif
 #ifndef ROW_SPLIT
 #define ROW_SPLIT 1  // CTAs a (request, KV head, split) deals its packed query rows over
+#endif
+#ifndef TRIM
+#define TRIM 0  // the pipelined wgmma path's tile loop trimmed as the ws consumers' lean one
 #endif
 #ifndef LEAN
 #define LEAN 0  // fewer instructions a tile: see the LEAN blocks (issue, the softmax)
@@ -628,8 +633,13 @@ __device__ __forceinline__ void attention_body(
 #else
       const unsigned(&qa)[4] = qf[ks];
 #endif
-      WgMma<N>::rs(sn, qa, wgmma_desc_sw128(cK + (ks >> 2) * HALF_ELEMS + (ks & 3) * 16, 16, 1024),
-                   ks > 0);
+      if constexpr (TRIM)  // stage 0's descriptor advanced by offsets (see desc_offset)
+        WgMma<N>::rs(sn, qa, wgmma_desc_sw128(sK, 16, 1024) +
+                                 desc_offset((t % STAGES) * TILE_ELEMS + (ks >> 2) * HALF_ELEMS + (ks & 3) * 16),
+                     ks > 0);
+      else
+        WgMma<N>::rs(sn, qa, wgmma_desc_sw128(cK + (ks >> 2) * HALF_ELEMS + (ks & 3) * 16, 16, 1024),
+                     ks > 0);
     }
     wgmma_commit();
   };
@@ -717,12 +727,33 @@ __device__ __forceinline__ void attention_body(
       const int kstart = (t0 + v) * N;
       const bool need_mask =
           is_block || kstart + N > P || (windowed && kstart <= P + qb - 1 - window);
+      if (TRIM && is_block) {  // the mask behind one uniform branch a tile, no branch a score
+#pragma unroll
+        for (int n = 0; n < NTILES; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = n * 8 + 2 * t4 + (e & 1), dj = (e < 2 ? i0 : i1) - col;
+            const bool in_window = mask_mode == MASK_SLIDING ? (dj < window) & (-dj < window)
+                                                             : (dj >= 0) & (dj < window);
+            if (!((col < qb) & ((mask_mode == MASK_FULL) | in_window))) sc[n][e] = -INFINITY;
+          }
+        }
+      } else if (TRIM && need_mask) {
+#pragma unroll
+        for (int n = 0; n < NTILES; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int kp = kstart + n * 8 + 2 * t4 + (e & 1), i = e < 2 ? i0 : i1;
+            if (!((kp < P) & (!windowed | (kp > P + i - window)))) sc[n][e] = -INFINITY;
+          }
+        }
+      }
 #pragma unroll
       for (int n = 0; n < NTILES; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float x = LEAN ? sc[n][e] : sc[n][e] * scale_log2;
-          if (need_mask) {
+          if (!TRIM && need_mask) {
             const int col = n * 8 + 2 * t4 + (e & 1);
             const int i = e < 2 ? i0 : i1;
             bool vis;
@@ -756,10 +787,14 @@ __device__ __forceinline__ void attention_body(
         mx0 *= scale_log2;
         mx1 *= scale_log2;
       }
-      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+      // TRIM: a row's running max moves only past a slack of 2^8 (as warp_specialized.cuh's)
+      constexpr float slack = 8.f;
+      const bool up0 = !TRIM || mx0 > m0 + slack, up1 = !TRIM || mx1 > m1 + slack;
+      const float mn0 = TRIM ? (up0 ? mx0 : m0) : fmaxf(m0, mx0);
+      const float mn1 = TRIM ? (up1 ? mx1 : m1) : fmaxf(m1, mx1);
       const float base0 = mn0 == -INFINITY ? 0.f : mn0;  // a fully masked row stays at zero
       const float base1 = mn1 == -INFINITY ? 0.f : mn1;
-      const float a0 = fast_exp2(m0 - base0), a1 = fast_exp2(m1 - base1);
+      const float a0 = up0 ? fast_exp2(m0 - base0) : 1.f, a1 = up1 ? fast_exp2(m1 - base1) : 1.f;
       m0 = mn0;
       m1 = mn1;
       float ps0 = 0.f, ps1 = 0.f;
@@ -774,12 +809,14 @@ __device__ __forceinline__ void attention_body(
       }
       l0 = l0 * a0 + ps0;
       l1 = l1 * a1 + ps1;
+      if (!TRIM || __any_sync(0xffffffffu, up0 | up1)) {
 #pragma unroll
-      for (int d = 0; d < DTILES; ++d) {
-        o[d][0] *= a0;
-        o[d][1] *= a0;
-        o[d][2] *= a1;
-        o[d][3] *= a1;
+        for (int d = 0; d < DTILES; ++d) {
+          o[d][0] *= a0;
+          o[d][1] *= a0;
+          o[d][2] *= a1;
+          o[d][3] *= a1;
+        }
       }
 
       // O += P V, queued behind S(v+1) on the tensor cores
@@ -793,7 +830,9 @@ __device__ __forceinline__ void attention_body(
                                pack2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
         // B = V, MN-major (transposed), 128B swizzle: LBO = next 64 columns (a half), SBO = next
         // 8 keys (1024 B)
-        WgMma<D>::rs_tb(o, a, wgmma_desc_sw128(cV + kk * 16 * 64, HALF_ELEMS * 2, 1024), 1);
+        WgMma<D>::rs_tb(o, a, TRIM ? wgmma_desc_sw128(sV, HALF_ELEMS * 2, 1024) +
+                                         desc_offset((v % V_STAGES) * TILE_ELEMS + kk * 16 * 64)
+                                   : wgmma_desc_sw128(cV + kk * 16 * 64, HALF_ELEMS * 2, 1024), 1);
       }
       wgmma_commit();
     }
