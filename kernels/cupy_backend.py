@@ -948,17 +948,31 @@ _counter_bufs: dict[int, torch.Tensor] = {}
 
 
 def choose_splits(batch: int, hkv: int, kv_tokens: int, tile_n: int, num_sms: int,
-                  resident: int, max_splits: int = 64) -> int:
-    """Split-KV count from a wave model: `batch * hkv * S` CTAs run in ceil(CTAs / slots) waves
-    of `slots = SMs * resident` CTAs; a wave lasts one split's share of the KV tiles plus a fixed
-    per-CTA cost (pipeline fill, epilogue, its share of the combine) of about two tiles."""
+                  resident: int, max_splits: int = 64, rows: int = 64) -> int:
+    """Split-KV count from a wave model, in units of one tile step of a full wave:
+    - `batch * hkv * S` CTAs run in ceil(CTAs / slots) waves of `slots = SMs * resident` CTAs;
+    - a wave lasts one split's share of the KV tiles, plus a fixed per-CTA cost of about two
+      tiles (pipeline fill, epilogue);
+    - with S > 1 every CTA also writes its `rows` fp32 partial rows, which the combine reads
+      back. That is 2 * rows / tile_n tiles' worth of traffic a CTA (a tile of K and V in
+      bf16/fp16 is 4 * tile_n bytes a column; a partial row 4 bytes a column, written and read).
+      Spread over the slots, it costs `2 * rows / tile_n * CTAs / slots` tile steps, charged
+      only when the grid needs more than one wave: a grid inside one wave leaves SMs idle, and
+      its partials ride on bandwidth nobody else uses.
+
+    Without the partials' traffic, the model took 33 splits (4 waves) at B=4 ctx 128k. On the
+    H200 that ran 6% slower than 8 splits in one wave, and 6% slower than 4 splits at B=8
+    (results/perf-notes.md, "The split count at long contexts"). Charged inside one wave too,
+    they cut laguna's 144-row CTAs to half a wave (B=8: 2 splits -> 1), 28-34% slower in the
+    sm90 profile (results/perf-notes.md, "Partial rows in the split model")."""
     ctas = batch * hkv
     slots = num_sms * resident
     tiles = max(1, -(-kv_tokens // tile_n))
     limit = max(1, min(max_splits, tiles // 2))
     best, best_cost = 1, float("inf")
     for s in range(1, limit + 1):
-        cost = math.ceil(ctas * s / slots) * (tiles / s + 2)
+        partials = 2 * rows / tile_n * ctas * s / slots if s > 1 and ctas * s > slots else 0.0
+        cost = math.ceil(ctas * s / slots) * (tiles / s + 2) + partials
         if cost < best_cost - 1e-9:
             best, best_cost = s, cost
     return best
@@ -1190,9 +1204,12 @@ class CupyBackend:
         resident = mod.resident_ctas(sm_budget(sm).smem_sm)
         if getattr(params, "ctas_per_sm", 0):
             resident = min(resident, params.ctas_per_sm)
-        # row_split CTAs per (request, KV head) split: the wave model counts them all
-        return choose_splits(dims.batch * getattr(params, "row_split", 1), dims.num_kv_heads,
-                             kv_tokens, params.tile_n, num_sms, resident)
+        # row_split CTAs per (request, KV head) split: the wave model counts them all, and each
+        # writes its share of the rows' partials
+        row_split = getattr(params, "row_split", 1)
+        return choose_splits(dims.batch * row_split, dims.num_kv_heads, kv_tokens, params.tile_n,
+                             num_sms, resident,
+                             rows=cta_rows(dims.block_size, dims.group, row_split))
 
     def _plan_attention(self, key, dims, layout, args) -> AttentionPlan:
         q, _, _, k_cache, v_cache, table, _, out = args

@@ -46,15 +46,47 @@ def test_every_split_keeps_two_tiles_and_the_cap():
 
 
 def test_more_splits_only_when_they_shorten_the_step():
-    # the chosen count is never beaten by another count under the model's own cost
-    def cost(batch, s, tiles, resident):
-        return _waves(batch, 8, s, resident) * (tiles / s + 2)
+    # the chosen count is never beaten by another count under the model's own cost: waves of
+    # tiles plus two a CTA, and, once the grid needs a second wave, the partial rows written
+    # and read back
+    def cost(batch, s, tiles, resident, rows=64, tile_n=64):
+        slots = H200_SMS * resident
+        part = 2 * rows / tile_n * batch * 8 * s / slots if s > 1 and batch * 8 * s > slots else 0
+        return _waves(batch, 8, s, resident) * (tiles / s + 2) + part
 
     for batch in (1, 2, 4, 8, 12, 16):
         for resident in (1, 2, 3):
-            s = choose_splits(batch, 8, 8192, 64, H200_SMS, resident)
-            assert all(cost(batch, s, 128, resident) <= cost(batch, t, 128, resident) + 1e-9
-                       for t in range(1, 65))
+            for ctx, rows in ((8192, 64), (131072, 64), (8192, 16)):
+                s = choose_splits(batch, 8, ctx, 64, H200_SMS, resident, rows=rows)
+                tiles = ctx // 64
+                assert all(cost(batch, s, tiles, resident, rows) <= cost(batch, t, tiles, resident, rows) + 1e-9
+                           for t in range(1, 65))
+
+
+def test_long_contexts_take_one_wave_once_partials_count():
+    """At ctx 128k the wave model alone found 33 splits in several waves as good as one wave;
+    the partial rows every split writes and the combine reads back tip it to one wave. On the
+    H200 (page 64, one layer, two rounds): B=2 16 splits 254.6 us against 33's 265.0, B=4 8
+    splits 491 against 522, B=8 4 splits 961.5 against 1024 (results/perf-notes.md, "The split
+    count at long contexts"). B=1 keeps 33 (one wave either way): 137.5 us against 148.4 for 16."""
+    kv = 131072 + 16
+    assert [choose_splits(b, 8, kv, 64, H200_SMS, 2) for b in (1, 2, 4, 8)] == [33, 16, 8, 4]
+    assert [choose_splits(b, 8, kv, 64, H200_SMS, 2, rows=0) for b in (1, 2, 4, 8)] == [33, 33, 33, 33]
+    assert choose_splits(1, 8, 4 * 131072 + 16, 64, H200_SMS, 2) == 33  # 512k: one wave already
+
+
+def test_partials_never_empty_a_wave_that_fills_the_gpu():
+    """laguna's 144-row CTAs (the padded and 9-warp paths, one CTA a (request, KV head)) at its
+    512-token window: B=8 is 64 CTAs, and 2 splits fill one wave of 132 one-CTA slots. Charging
+    the partials inside that wave took it to 1 split (half the SMs idle), 28-34% slower over 64
+    candidates of the sm90 profile; B=1 likewise to 5 splits from 8-16, 9-19% slower. Beyond
+    one wave they still count: its 48-row CTAs at B=8 (192 already, 1.45 waves) stay unsplit,
+    15-18% faster than 2 splits."""
+    laguna_kv = 512
+    assert [choose_splits(8, 8, laguna_kv, t, H200_SMS, 1, rows=144) for t in (16, 32)] == [2, 2]
+    assert [choose_splits(1, 8, laguna_kv, t, H200_SMS, 1, rows=144) for t in (16, 32)] == [16, 8]
+    assert [choose_splits(24, 8, laguna_kv, t, H200_SMS, 1, rows=48) for t in (32, 64)] == [1, 1]
+    assert [choose_splits(24, 8, laguna_kv, t, H200_SMS, 1, rows=0) for t in (32, 64)] == [2, 2]
 
 
 @pytest.mark.parametrize("smem, regs, threads, resident", [
