@@ -266,7 +266,45 @@ struct WgMma<128> {
   static __device__ __forceinline__ void ss(float (&d)[16][4], unsigned long long a, unsigned long long b, int acc) { wgmma_ss_n128(d, a, b, acc); }
 };
 static_assert(NUM_WARPS % 4 == 0, "wgmma needs whole warpgroups");
+
+// Masks a tile of wgmma scores (the accumulator layout: NT8 groups of 8 columns, 2 a thread,
+// rows i0 and i1), the trimmed loops' way (ws's LEAN, the pipelined path's TRIM): one uniform
+// branch a tile, no branch a score. A test inside each score's update compiles to a branch and
+// its reconvergence per score, which every unmasked tile walks. The block's own keys follow the
+// mask mode; context keys past the context or left of the row's window are cut.
+template <int NT8>
+__device__ __forceinline__ void mask_wgmma_scores(float (&sc)[NT8][4], bool is_block,
+                                                  bool need_mask, int t4, int i0, int i1, int qb,
+                                                  int mask_mode, int window, bool windowed,
+                                                  int kstart, int P) {
+  if (is_block) {
+#pragma unroll
+    for (int n = 0; n < NT8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = n * 8 + 2 * t4 + (e & 1), dj = (e < 2 ? i0 : i1) - col;
+        const bool in_window = mask_mode == MASK_SLIDING ? (dj < window) & (-dj < window)
+                                                         : (dj >= 0) & (dj < window);
+        if (!((col < qb) & ((mask_mode == MASK_FULL) | in_window))) sc[n][e] = -INFINITY;
+      }
+    }
+  } else if (need_mask) {
+#pragma unroll
+    for (int n = 0; n < NT8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int kp = kstart + n * 8 + 2 * t4 + (e & 1), i = e < 2 ? i0 : i1;
+        if (!((kp < P) & (!windowed | (kp > P + i - window)))) sc[n][e] = -INFINITY;
+      }
+    }
+  }
+}
 #endif
+
+// The trimmed loops' running max (ws's LEAN, TRIM): how far, in log2 units, a row's tile max may
+// pass it before it moves. Against a stale max a probability is at most 2^RESCALE_SLACK, far
+// inside fp32 and the 16-bit P, and O and l share one max, so the result is the same.
+constexpr float RESCALE_SLACK = 8.f;
 
 }  // namespace
 
@@ -727,27 +765,9 @@ __device__ __forceinline__ void attention_body(
       const int kstart = (t0 + v) * N;
       const bool need_mask =
           is_block || kstart + N > P || (windowed && kstart <= P + qb - 1 - window);
-      if (TRIM && is_block) {  // the mask behind one uniform branch a tile, no branch a score
-#pragma unroll
-        for (int n = 0; n < NTILES; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = n * 8 + 2 * t4 + (e & 1), dj = (e < 2 ? i0 : i1) - col;
-            const bool in_window = mask_mode == MASK_SLIDING ? (dj < window) & (-dj < window)
-                                                             : (dj >= 0) & (dj < window);
-            if (!((col < qb) & ((mask_mode == MASK_FULL) | in_window))) sc[n][e] = -INFINITY;
-          }
-        }
-      } else if (TRIM && need_mask) {
-#pragma unroll
-        for (int n = 0; n < NTILES; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int kp = kstart + n * 8 + 2 * t4 + (e & 1), i = e < 2 ? i0 : i1;
-            if (!((kp < P) & (!windowed | (kp > P + i - window)))) sc[n][e] = -INFINITY;
-          }
-        }
-      }
+      if (TRIM)  // the mask behind one uniform branch a tile
+        mask_wgmma_scores(sc, is_block, need_mask, t4, i0, i1, qb, mask_mode, window, windowed,
+                          kstart, P);
 #pragma unroll
       for (int n = 0; n < NTILES; ++n) {
 #pragma unroll
@@ -787,9 +807,8 @@ __device__ __forceinline__ void attention_body(
         mx0 *= scale_log2;
         mx1 *= scale_log2;
       }
-      // TRIM: a row's running max moves only past a slack of 2^8 (as warp_specialized.cuh's)
-      constexpr float slack = 8.f;
-      const bool up0 = !TRIM || mx0 > m0 + slack, up1 = !TRIM || mx1 > m1 + slack;
+      // TRIM: a row's running max moves only past RESCALE_SLACK
+      const bool up0 = !TRIM || mx0 > m0 + RESCALE_SLACK, up1 = !TRIM || mx1 > m1 + RESCALE_SLACK;
       const float mn0 = TRIM ? (up0 ? mx0 : m0) : fmaxf(m0, mx0);
       const float mn1 = TRIM ? (up1 ? mx1 : m1) : fmaxf(m1, mx1);
       const float base0 = mn0 == -INFINITY ? 0.f : mn0;  // a fully masked row stays at zero

@@ -58,8 +58,6 @@ static_assert(PAGE_SIZE == 0 || PAGE_SIZE >= N || (BOXES <= 32 && 32 % BOXES == 
 constexpr int HO_FLOATS = (N < 64 ? N : 64) * D / 2;
 constexpr int HO_CHUNKS = DTILES * 4 * 128 / HO_FLOATS;
 static_assert(HO_CHUNKS <= 2 * (STAGES / WS_CONSUMERS), "the hand-over fits a consumer's stages");
-// LEAN: how far (log2 units) a row's tile max may pass its running max before that one moves
-constexpr float RESCALE_SLACK = 8.f;
 // the named barrier of the merge: after the consumers' own (1 .. WS_CONSUMERS)
 constexpr int MERGE_BARRIER = WS_CONSUMERS < 4 ? 4 : 1 + WS_CONSUMERS;
 }  // namespace
@@ -306,27 +304,9 @@ __device__ __forceinline__ void ws_attention_body(
     // the max, behind one uniform branch, with no branch a score: the test in each score's update
     // compiles to 16 branches, each with its reconvergence, that every unmasked tile walks.
     const bool need_mask = is_block || kstart + N > P || (windowed && kstart <= P + qb - 1 - window);
-    if (LEAN && is_block) {
-#pragma unroll
-      for (int n = 0; n < NTILES; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = n * 8 + 2 * t4 + (e & 1), dj = (e < 2 ? i0 : i1) - col;
-          const bool in_window = mask_mode == MASK_SLIDING ? (dj < window) & (-dj < window)
-                                                           : (dj >= 0) & (dj < window);
-          if (!((col < qb) & ((mask_mode == MASK_FULL) | in_window))) sc[n][e] = -INFINITY;
-        }
-      }
-    } else if (LEAN && need_mask) {
-#pragma unroll
-      for (int n = 0; n < NTILES; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int kp = kstart + n * 8 + 2 * t4 + (e & 1), i = e < 2 ? i0 : i1;
-          if (!((kp < P) & (!windowed | (kp > P + i - window)))) sc[n][e] = -INFINITY;
-        }
-      }
-    }
+    if (LEAN)
+      mask_wgmma_scores(sc, is_block, need_mask, t4, i0, i1, qb, mask_mode, window, windowed,
+                        kstart, P);
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
     for (int n = 0; n < NTILES; ++n) {
@@ -356,9 +336,8 @@ __device__ __forceinline__ void ws_attention_body(
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
     // LEAN: a row's running max moves only where the tile's passes it by more than
-    // RESCALE_SLACK. Against a stale max a probability is at most 2^RESCALE_SLACK, far inside
-    // fp32 and the 16-bit P, and O and l share one max, so the result is the same. Past the first
-    // tiles a max seldom moves that far, and a warp none of whose rows moved skips O's rescale.
+    // RESCALE_SLACK (drafter_attention.cu). Past the first tiles a max seldom moves that far, and
+    // a warp none of whose rows moved skips O's rescale.
     const float tm0 = mx0 * scale_log2, tm1 = mx1 * scale_log2;
     const bool up0 = !LEAN || tm0 > m0 + RESCALE_SLACK, up1 = !LEAN || tm1 > m1 + RESCALE_SLACK;
     const float mn0 = LEAN ? (up0 ? tm0 : m0) : fmaxf(m0, tm0);
