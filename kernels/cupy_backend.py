@@ -1,11 +1,12 @@
 """The `cupy` backend: hand-written CUDA C++ (kernels/cuda/drafter_attention.cu) compiled with
-NVRTC, loaded through CuPy and launched with the driver's `cuLaunchKernel` on torch's current
+NVRTC, loaded through CuPy and launched through the driver (kernels/launch.py) on torch's current
 stream, on the torch tensors themselves.
 
 Plan, then run (as FlashInfer splits them): the first call of a shape validates its arguments,
 picks parameters and the split count, loads the variant and packs the kernel arguments (a
-`DrafterParams` struct, kernels/cuda/params.cuh, passed field by field). Every later call of that shape is a dict lookup,
-the pointers and one launch per kernel. Nothing reads a device value, so a step runs under
+`DrafterParams` struct, kernels/cuda/params.cuh, passed field by field). Every later call of that
+shape is a dict lookup, the pointers and one driver launch of the call's kernels as a graph
+(kernels/launch.py; inside a stream capture, one launch per kernel). Nothing reads a device value, so a step runs under
 ``torch.cuda.set_sync_debug_mode("error")`` and captures into a CUDA graph; data-dependent work
 (which tiles a request reads, where a split starts) is decided on the device from ``ctx_lens``.
 `DRAFTER_CHECKS=0` shortens the plan key to what the plan depends on, so calls whose tensors
@@ -29,6 +30,7 @@ import torch
 
 from drafter_attn.kernels import contract
 from drafter_attn.kernels.footprint import partial_elems
+from drafter_attn.kernels.launch import Launch, LaunchGraph, capturing
 from drafter_attn.kernels.nvrtc import compile_for_device
 from drafter_attn.kernels.spec import Problem
 from drafter_attn.kernels.tma import TmaMap
@@ -867,58 +869,6 @@ class StoreArgs(ctypes.Structure):
                                                "loc_stride")])
 
 
-@functools.cache
-def _driver_launch():
-    """libcuda's cuLaunchKernel through ctypes with its argument types bound once: a few hundred
-    nanoseconds of host time, against several microseconds through cuda.bindings' wrapper (H200,
-    2026-11-30: 6.5 us of the 29 us a planned call took). None where libcuda cannot be loaded."""
-    try:
-        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
-    except (OSError, AttributeError):
-        return None
-    u = ctypes.c_uint
-    fn.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-class Launch:
-    """One kernel launch with its arguments packed once: `args` (a ctypes struct) holds the
-    kernel's parameters field by field. Per call only pointer fields change, then one
-    `cuLaunchKernel` on the given stream."""
-
-    def __init__(self, func, grid, block, smem, args: ctypes.Structure):
-        self.func, self.grid, self.block, self.smem, self.args = func, grid, block, smem, args
-        base = ctypes.addressof(args)
-        offsets = [getattr(type(args), f[0]).offset for f in args._fields_]
-        self._ptrs = (ctypes.c_void_p * len(offsets))(*(base + o for o in offsets))
-        raw = _driver_launch()
-        if raw is not None:
-            self._raw = raw
-            # converted to the argument types once: ctypes passes instances of them as they are,
-            # only the stream is converted per call (timeit, a stand-in of this signature:
-            # 1.8 -> 1.1 us a call)
-            self._head = tuple(t(v) for t, v in zip(raw.argtypes, (int(func), *grid, *block, smem)))
-            self._params = ctypes.c_void_p(ctypes.addressof(self._ptrs))
-        else:  # no libcuda by name: the cuda.bindings wrapper
-            from cuda.bindings import driver
-
-            self._raw = None
-            self._launch, self._ok = driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS
-            self._head = (func, *grid, *block, smem)
-            self._tail = (ctypes.addressof(self._ptrs), 0)
-
-    def __call__(self, stream: int) -> None:
-        if self._raw is not None:
-            err = self._raw(*self._head, stream, self._params, None)
-            if err:
-                raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")
-            return
-        (err,) = self._launch(*self._head, stream, *self._tail)
-        if err != self._ok:
-            raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
-
-
 # _stream(index): torch's current stream on device `index`, as a raw handle (graph capture
 # follows it); torch's own function, bound without a wrapper (absent from CPU-only builds).
 _stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -1000,6 +950,12 @@ class AttentionPlan:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     # split-KV workspaces by raw stream handle (`_workspace`)
     workspaces: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    # the call's launches: one graph launch per eager call (kernels.launch)
+    launches: LaunchGraph = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        self.launches = LaunchGraph([self.attention] + ([self.combine] if self.combine else []),
+                                    self.index)
 
     def run(self, q, k_blk, v_blk, k_cache, v_cache, table, ctx_lens, out):
         if out is None:
@@ -1007,10 +963,11 @@ class AttentionPlan:
         attention, combine = self.attention, self.combine
         with self.lock:  # the packed arguments are shared by every call of this shape
             stream = _stream(self.index)
+            captured = capturing()
             o, kp, vp = out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
             part = lse = 0  # no split: the attention writes `out` itself
             if combine is not None:
-                part = self._workspace(stream, q.device).data_ptr()
+                part = self._workspace(stream, q.device, captured).data_ptr()
                 lse = part + 4 * self.part_elems
                 _COMBINE_PTRS.pack_into(combine.args, 0, part, lse, o)
             _ATTENTION_PTRS.pack_into(attention.args, 0, q.data_ptr(), k_blk.data_ptr(),
@@ -1018,12 +975,10 @@ class AttentionPlan:
                                       ctx_lens.data_ptr(), o, part, lse)
             if self.tma is not None and (kp, vp) != self.tma.ptrs:
                 self.tma.encode_into(attention.args, kp, vp)
-            attention(stream)
-            if combine is not None:
-                combine(stream)
+            self.launches(stream, captured)
         return out
 
-    def _workspace(self, stream: int, device) -> torch.Tensor:
+    def _workspace(self, stream: int, device, captured: bool) -> torch.Tensor:
         """The split-KV workspace (o_part, then lse_part; float32) of a call on `stream`, with
         the plan's lock held.
 
@@ -1034,7 +989,7 @@ class AttentionPlan:
         stream (torch's current one), so once dropped torch's allocator reuses its memory only
         behind that stream's work. Inside a capture each call allocates, as before: the buffer
         is the graph's own (see `_counters`), never one that eager calls also write."""
-        if torch.cuda.is_current_stream_capturing():
+        if captured:
             return torch.empty(self.part_elems + self.lse_elems, dtype=torch.float32,
                                device=device)
         work = self.workspaces.get(stream)
@@ -1069,6 +1024,11 @@ class StorePlan:
     index: int
     launch: Launch | None  # None: no rows or no requests, nothing to write
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    launches: LaunchGraph | None = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        self.launches = (LaunchGraph([self.launch], self.index) if self.launch is not None
+                         else None)
 
     def run(self, k_new, v_new, num_new, k_cache, v_cache, table, ctx_lens):
         if self.launch is None:
@@ -1078,7 +1038,7 @@ class StorePlan:
             a.k_new, a.v_new, a.num_new = k_new.data_ptr(), v_new.data_ptr(), num_new.data_ptr()
             a.k_cache, a.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
             a.table, a.ctx_lens = table.data_ptr(), ctx_lens.data_ptr()
-            self.launch(_stream(self.index))
+            self.launches(_stream(self.index), capturing())
 
 
 CHECKS = os.environ.get("DRAFTER_CHECKS", "1") != "0"

@@ -13,7 +13,7 @@ tail -n 1 "$OUT/precompile.log"
 { timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider --maxfail=10 -rf -k cupy \
     tests/test_backends_gpu.py
   timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider --maxfail=10 -rf \
-    tests/test_ops.py tests/test_syncs_gpu.py tests/test_dispatch.py; } > "$OUT/gpu_tests.log" 2>&1
+    tests/test_launch.py tests/test_ops.py tests/test_syncs_gpu.py tests/test_dispatch.py; } > "$OUT/gpu_tests.log" 2>&1
 grep -E "^[0-9]+ (passed|failed)|^FAILED|^ERROR" "$OUT/gpu_tests.log" | tee "$OUT/gpu_tests_tail.txt"
 timeout 150 python3 scripts/host_profile.py > "$OUT/host_profile.txt" 2>&1
 cat "$OUT/host_profile.txt"

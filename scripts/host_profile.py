@@ -7,7 +7,8 @@ Each round first queues a spin kernel (`torch.cuda._sleep`) long enough to outla
 times CALLS calls: the launches only queue behind it, so the figure is the host's own cost and
 cannot be the GPU's (a round whose stream went idle before its last call is reported, not used).
 Rows: the whole call (backend with checks on and off, `Runtime`, the custom op), then its parts
-on a planned shape: the plan key, the output allocation, the stream lookup and one driver launch.
+on a planned shape: the plan key, the output allocation, the stream lookup, the call's kernels as
+one graph launch (kernels.launch, what a call does) and one kernel launched alone.
 Medians over rounds, us per call; the spread is the rounds' p10-p90.
 """
 from __future__ import annotations
@@ -88,6 +89,7 @@ def main() -> None:
     row("  part: current stream handle", lambda: cb._stream(0))
     row("  part: plan.run, out given", lambda: plan.run(*args, out))
     stream = cb._stream(0)
+    row("  part: the call's kernels as one graph", lambda: plan.launches(stream, False))
     row("  part: one attention launch", lambda: plan.attention(stream))
     if plan.combine is not None:
         row("  part: one combine launch", lambda: plan.combine(stream))

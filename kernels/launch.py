@@ -1,0 +1,216 @@
+"""Kernel launches through the CUDA driver, packed once per shape (the per-call path of a plan).
+
+- `Launch`: one kernel and its argument struct (a ctypes struct holding the kernel's parameters
+  field by field). Per call only pointer fields change, then one `cuLaunchKernel`.
+- `LaunchGraph`: the launches of one call (an attention and its split combine, or a store) as one
+  instantiated CUDA graph per stream. Outside a stream capture a call copies each launch's
+  current arguments into its graph node (`cuGraphExecKernelNodeSetParams`) and launches the
+  graph once. The driver's host time for two kernels that way is 1.9 us against 6.3 us for two
+  `cuLaunchKernel` (H200, scripts/launch_cost.cu; results/sm90-2026-12-03/session16/host/).
+  Inside a capture the kernels launch one by one: the captured graph holds them and its replays
+  pay no host time, and a graph launched into a capturing stream would be a child graph frozen
+  with the arguments of the capture.
+
+Both take libcuda's functions through ctypes with their argument types bound once: a few hundred
+nanoseconds a call, against several microseconds through cuda.bindings' wrappers (H200,
+2026-11-30: 6.5 us of the 29 us a planned call took).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import weakref
+
+import torch
+
+# A stream's graphs a LaunchGraph keeps, the oldest dropped beyond this (the split-KV
+# workspaces follow the same rule, kernels.cupy_backend).
+GRAPH_STREAMS = 4
+
+_u, _p = ctypes.c_uint, ctypes.c_void_p
+
+
+class KernelNodeParams(ctypes.Structure):
+    """`CUDA_KERNEL_NODE_PARAMS_v2` of cuda.h (CUDA 12+): with `func` set, `kern` and `ctx` are
+    ignored (the current context's)."""
+
+    _fields_ = [("func", _p), ("gridDimX", _u), ("gridDimY", _u), ("gridDimZ", _u),
+                ("blockDimX", _u), ("blockDimY", _u), ("blockDimZ", _u),
+                ("sharedMemBytes", _u), ("kernelParams", _p), ("extra", _p), ("kern", _p),
+                ("ctx", _p)]
+
+
+@functools.cache
+def _driver_launch():
+    """libcuda's cuLaunchKernel with its argument types bound, or None where libcuda cannot be
+    loaded by name (the cuda.bindings wrapper then)."""
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [_p, _u, _u, _u, _u, _u, _u, _u, _p, _p, _p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+class _GraphApi:
+    """The graph functions of libcuda, argument types bound."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        def bind(name, *argtypes):
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = list(argtypes), ctypes.c_int
+            return fn
+
+        pp, node_params = ctypes.POINTER(_p), ctypes.POINTER(KernelNodeParams)
+        self.create = bind("cuGraphCreate", pp, _u)
+        self.add_kernel = bind("cuGraphAddKernelNode_v2", pp, _p, pp, ctypes.c_size_t,
+                               node_params)
+        self.instantiate = bind("cuGraphInstantiateWithFlags", pp, _p, ctypes.c_ulonglong)
+        self.set_params = bind("cuGraphExecKernelNodeSetParams_v2", _p, _p, node_params)
+        self.launch = bind("cuGraphLaunch", _p, _p)
+        self.destroy_exec = bind("cuGraphExecDestroy", _p)
+        self.destroy = bind("cuGraphDestroy", _p)
+
+
+@functools.cache
+def graph_api() -> _GraphApi | None:
+    """libcuda's graph functions, or None where libcuda or one of them is missing (a driver
+    older than CUDA 12): calls then launch their kernels one by one."""
+    try:
+        return _GraphApi(ctypes.CDLL("libcuda.so.1"))
+    except (OSError, AttributeError):
+        return None
+
+
+def _check(err: int, what: str) -> None:
+    if err:
+        raise RuntimeError(f"{what} failed: CUresult {err}")
+
+
+class Launch:
+    """One kernel launch with its arguments packed once: `args` (a ctypes struct) holds the
+    kernel's parameters field by field. Per call only pointer fields change, then one
+    `cuLaunchKernel` on the given stream."""
+
+    def __init__(self, func, grid, block, smem, args: ctypes.Structure):
+        self.func, self.grid, self.block, self.smem, self.args = func, grid, block, smem, args
+        base = ctypes.addressof(args)
+        offsets = [getattr(type(args), f[0]).offset for f in args._fields_]
+        # kernelParams: one pointer to each parameter, in the kernel's order
+        self._ptrs = (ctypes.c_void_p * len(offsets))(*(base + o for o in offsets))
+        raw = _driver_launch()
+        if raw is not None:
+            self._raw = raw
+            # converted to the argument types once: ctypes passes instances of them as they are,
+            # only the stream is converted per call (timeit, a stand-in of this signature:
+            # 1.8 -> 1.1 us a call)
+            self._head = tuple(t(v) for t, v in zip(raw.argtypes, (int(func), *grid, *block, smem)))
+            self._params = ctypes.c_void_p(ctypes.addressof(self._ptrs))
+        else:  # no libcuda by name: the cuda.bindings wrapper
+            from cuda.bindings import driver
+
+            self._raw = None
+            self._launch, self._ok = driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS
+            self._head = (func, *grid, *block, smem)
+            self._tail = (ctypes.addressof(self._ptrs), 0)
+
+    def node_params(self) -> KernelNodeParams:
+        """This launch as a graph kernel node; its `kernelParams` point at the packed `args`, so
+        setting the node copies their values at that moment."""
+        return KernelNodeParams(int(self.func), *self.grid, *self.block, self.smem,
+                                ctypes.addressof(self._ptrs), None, None, None)
+
+    def __call__(self, stream: int) -> None:
+        if self._raw is not None:
+            err = self._raw(*self._head, stream, self._params, None)
+            if err:
+                raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")
+            return
+        (err,) = self._launch(*self._head, stream, *self._tail)
+        if err != self._ok:
+            raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
+
+
+class _Graph:
+    """One instantiated graph of a LaunchGraph's launches (each node after the one before); its
+    driver objects are destroyed with it (an exec still running is freed when it completes)."""
+
+    def __init__(self, api: _GraphApi, launches):
+        self.nodes = [launch.node_params() for launch in launches]
+        graph, exe = _p(), _p()
+        _check(api.create(ctypes.byref(graph), 0), "cuGraphCreate")
+        self._finalizer = weakref.finalize(self, _destroy, api, graph, exe)
+        self._finalizer.atexit = False  # the driver may be gone by then
+        handles = []
+        for params in self.nodes:
+            node, deps = _p(), (_p * 1)(*handles[-1:])
+            _check(api.add_kernel(ctypes.byref(node), graph, deps, len(handles[-1:]),
+                                  ctypes.byref(params)), "cuGraphAddKernelNode")
+            handles.append(node)
+        _check(api.instantiate(ctypes.byref(exe), graph, 0), "cuGraphInstantiate")
+        # per call: (exec, node, its params) for each set, then (exec, stream) for the launch
+        self._sets = [(api.set_params, exe, node, ctypes.byref(params))
+                      for node, params in zip(handles, self.nodes)]
+        self._launch, self.exe = api.launch, exe
+
+    def __call__(self, stream: int) -> None:
+        for set_params, exe, node, params in self._sets:
+            _check(set_params(exe, node, params), "cuGraphExecKernelNodeSetParams")
+        _check(self._launch(self.exe, stream), "cuGraphLaunch")
+
+
+def _destroy(api: _GraphApi, graph: ctypes.c_void_p, exe: ctypes.c_void_p) -> None:
+    if exe:
+        api.destroy_exec(exe)
+    if graph:
+        api.destroy(graph)
+
+
+class LaunchGraph:
+    """The launches of one call, in order, on one stream: as one graph launch per call outside a
+    capture (a graph per stream, instantiated on that stream's first call), one by one inside
+    a capture or where the driver has no graph API. Callers serialise calls (a plan's lock):
+    the launches' packed arguments are shared."""
+
+    def __init__(self, launches, device: int | None = None):
+        self.launches, self.device = tuple(launches), device
+        self.graphs: dict[int, _Graph] = {}  # by raw stream handle
+        self.no_graph: str | None = None  # why calls launch one by one outside a capture
+
+    def __call__(self, stream: int, capturing: bool) -> None:
+        graph = None if capturing else self.graphs.get(stream)
+        if graph is None and not capturing:
+            graph = self._instantiate(stream)
+        if graph is None:
+            for launch in self.launches:
+                launch(stream)
+        else:
+            graph(stream)
+
+    def _instantiate(self, stream: int) -> _Graph | None:
+        """The stream's graph, built in the device's context; None (and `no_graph` says why)
+        where the driver cannot build one: the kernels then launch one by one, as before."""
+        api = graph_api()
+        if api is None or not all(launch._raw for launch in self.launches):
+            self.no_graph = "no libcuda graph API through ctypes"
+        if self.no_graph:
+            return None
+        if len(self.graphs) >= GRAPH_STREAMS:
+            del self.graphs[next(iter(self.graphs))]  # the oldest stream's
+        try:
+            with torch.cuda.device(self.device) if self.device is not None \
+                    else contextlib.nullcontext():
+                graph = self.graphs[stream] = _Graph(api, self.launches)
+        except RuntimeError as err:  # a call never fails for want of a graph
+            self.no_graph = str(err)
+            return None
+        return graph
+
+
+# torch's "is the current stream capturing", bound without its Python wrapper (a CPU-only build
+# of torch has no such function, and nothing launches there).
+capturing = (torch._C._cuda_isCurrentStreamCapturing if torch.cuda._is_compiled()
+             else lambda: False)
