@@ -9,7 +9,8 @@ cannot be the GPU's (a round whose stream went idle before its last call is repo
 Rows: the whole call (backend with checks on and off, `Runtime`, the custom op), then its parts
 on a planned shape: the plan key, the output allocation, the stream lookup, the call's kernels as
 one graph launch (kernels.launch, what a call does) and one kernel launched alone.
-Medians over rounds, us per call; the spread is the rounds' p10-p90.
+Medians over rounds, us per call; the spread is the rounds' p10-p90. Every row is timed in every
+round (interleaved), so the rows compare within one run even when the host's speed drifts.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import time
 import torch
 
 from drafter_attn.kernels import cupy_backend as cb
-from drafter_attn.kernels import ops, registry
+from drafter_attn.kernels import launch, ops, registry
 from drafter_attn.kernels.cache import random_paged_context
 from drafter_attn.kernels.dispatch import Runtime
 from drafter_attn.kernels.presets import MAIN_PRESET, PRESETS
@@ -32,28 +33,41 @@ ROUNDS = 30
 SLEEP_CYCLES = 200_000_000  # ~0.1 s at the H200's clock: far longer than any round
 
 
-def host_us(fn, *args) -> tuple[float, float, float, int]:
-    """(median, p10, p90) us per call of fn(*args) with the GPU busy, and rounds that went idle."""
-    fn(*args)
-    torch.cuda.synchronize()
-    times, idle = [], 0
+def host_us(rows) -> list[tuple[str, float, float, float, int]]:
+    """(name, median, p10, p90 us per call, rounds that went idle) of each row (name, fn,
+    checks), timed with the GPU busy. The rows' rounds are interleaved (round r times every
+    row, in an order rotated by r), so a drift of the host's speed during the run moves every
+    row alike."""
     stream = torch.cuda.current_stream()
-    for _ in range(ROUNDS + 2):
-        torch.cuda._sleep(SLEEP_CYCLES)
-        t0 = time.perf_counter()
-        for _ in range(CALLS):
-            fn(*args)
-        dt = time.perf_counter() - t0
-        if stream.query():  # the spin kernel and every launch finished: not host-bound
-            idle += 1
-        else:
-            times.append(dt / CALLS * 1e6)
-        torch.cuda.synchronize()
-    times = sorted(times[2:])
-    if not times:
-        return float("nan"), float("nan"), float("nan"), idle
-    q = statistics.quantiles(times, n=10) if len(times) > 1 else [times[0]] * 9
-    return statistics.median(times), q[0], q[-1], idle
+    times = {name: [] for name, _, _ in rows}
+    idle = dict.fromkeys(times, 0)
+    for name, fn, checks in rows:  # plans, modules and graphs made before any timing
+        cb.CHECKS = checks
+        fn()
+    torch.cuda.synchronize()
+    for r in range(ROUNDS + 2):
+        for name, fn, checks in rows[r % len(rows):] + rows[:r % len(rows)]:
+            cb.CHECKS = checks
+            torch.cuda._sleep(SLEEP_CYCLES)
+            t0 = time.perf_counter()
+            for _ in range(CALLS):
+                fn()
+            dt = time.perf_counter() - t0
+            if stream.query():  # the spin kernel and every launch finished: not host-bound
+                idle[name] += 1
+            elif r >= 2:
+                times[name].append(dt / CALLS * 1e6)
+            torch.cuda.synchronize()
+    cb.CHECKS = True
+    result = []
+    for name, _, _ in rows:
+        t = sorted(times[name])
+        if not t:
+            result.append((name, float("nan"), float("nan"), float("nan"), idle[name]))
+            continue
+        q = statistics.quantiles(t, n=10) if len(t) > 1 else [t[0]] * 9
+        result.append((name, statistics.median(t), q[0], q[-1], idle[name]))
+    return result
 
 
 def main() -> None:
@@ -63,36 +77,42 @@ def main() -> None:
     kb = torch.randn(1, g.block_size, g.num_kv_heads, g.head_dim, generator=gen).to("cuda", g.torch_dtype)
     args = (q, kb, torch.randn_like(kb), *random_paged_context(g, [2048], 64, "cuda", gen))
     out = torch.empty_like(q)
-    rows = []
+    rows = []  # (name, fn, checks)
 
-    def row(name, fn, *a):
-        rows.append((name, *host_us(fn, *a)))
+    def fresh():
+        return dataclasses.replace(registry.from_spec(SPEC))  # plans of its own
 
-    for checks in (True, False):
-        cb.CHECKS = checks
-        backend = dataclasses.replace(registry.from_spec(SPEC))  # own plans, keyed for `checks`
-        on = "on" if checks else "off"
-        row(f"backend call, checks {on}", backend.paged_attention, *args)
-        row(f"backend call, checks {on}, out=", lambda *a: backend.paged_attention(*a, out=out), *args)
-    cb.CHECKS = True
+    on, off = fresh(), fresh()  # keyed with checks on / off
+    rows += [("backend call, checks on", lambda: on.paged_attention(*args), True),
+             ("backend call, checks on, out=", lambda: on.paged_attention(*args, out=out), True),
+             ("backend call, checks off", lambda: off.paged_attention(*args), False),
+             ("backend call, checks off, out=", lambda: off.paged_attention(*args, out=out), False)]
+    # the same call with its kernels launched one by one (the path before kernels.launch's
+    # graphs, and the one inside a capture): the same-run comparison
+    real_api, launch.graph_api = launch.graph_api, lambda: None
+    one_by_one = fresh()
+    one_by_one.paged_attention(*args)  # its plan's LaunchGraph keeps no_graph from here on
+    launch.graph_api = real_api
+    assert next(iter(one_by_one._plans.values())).launches.no_graph
+    rows.append(("backend call, checks on, one by one", lambda: one_by_one.paged_attention(*args),
+                 True))
     rt = Runtime()
-    row("Runtime call", rt.paged_attention, *args)
-    row("custom op (torch.ops.drafter_attn)", lambda *a: ops.paged_attention(*a, backend=SPEC), *args)
+    rows += [("Runtime call", lambda: rt.paged_attention(*args), True),
+             ("custom op (torch.ops.drafter_attn)",
+              lambda: ops.paged_attention(*args, backend=SPEC), True)]
 
-    backend = dataclasses.replace(registry.from_spec(SPEC))
-    backend.paged_attention(*args)
-    key_args = (*args, None)
-    extra = ("full", None, None)
-    (plan,) = backend._plans.values()
-    row("  part: plan key (checks on)", lambda: cb.call_key("paged", key_args, extra))
-    row("  part: torch.empty_like(q)", lambda: torch.empty_like(q))
-    row("  part: current stream handle", lambda: cb._stream(0))
-    row("  part: plan.run, out given", lambda: plan.run(*args, out))
+    plan = next(iter(on._plans.values()))  # the plan of the call without out=
+    key_args, extra = (*args, None), ("full", None, None)
     stream = cb._stream(0)
-    row("  part: the call's kernels as one graph", lambda: plan.launches(stream, False))
-    row("  part: one attention launch", lambda: plan.attention(stream))
+    rows += [("  part: plan key (checks on)", lambda: cb.call_key("paged", key_args, extra), True),
+             ("  part: torch.empty_like(q)", lambda: torch.empty_like(q), True),
+             ("  part: current stream handle", lambda: cb._stream(0), True),
+             ("  part: plan.run, out given", lambda: plan.run(*args, out), True),
+             ("  part: the call's kernels as one graph", lambda: plan.launches(stream, False), True),
+             ("  part: one attention launch", lambda: plan.attention(stream), True)]
     if plan.combine is not None:
-        row("  part: one combine launch", lambda: plan.combine(stream))
+        rows.append(("  part: one combine launch", lambda: plan.combine(stream), True))
+    rows = host_us(rows)
 
     print(f"host time per call, us ({SPEC}; B=1 ctx 2k, main preset, page 64, splits {plan.splits}; "
           f"{CALLS} calls x {ROUNDS} rounds behind a spin kernel)")
