@@ -101,6 +101,7 @@ def main() -> None:
              ("custom op (torch.ops.drafter_attn)",
               lambda: ops.paged_attention(*args, backend=SPEC), True)]
 
+    on.paged_attention(*args)
     plan = next(iter(on._plans.values()))  # the plan of the call without out=
     key_args, extra = (*args, None), ("full", None, None)
     stream = cb._stream(0)
