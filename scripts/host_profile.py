@@ -87,6 +87,15 @@ def main() -> None:
              ("backend call, checks on, out=", lambda: on.paged_attention(*args, out=out), True),
              ("backend call, checks off", lambda: off.paged_attention(*args), False),
              ("backend call, checks off, out=", lambda: off.paged_attention(*args, out=out), False)]
+    # q and out from 4 buffers in turn: every call's pointers differ from the last (an engine
+    # that allocates them per step), so the graph's nodes are set again each call
+    qs, outs, turn = [q.clone() for _ in range(4)], [torch.empty_like(q) for _ in range(4)], [0]
+
+    def rotating():
+        turn[0] = i = (turn[0] + 1) % 4
+        on.paged_attention(qs[i], *args[1:], out=outs[i])
+
+    rows.append(("backend call, checks on, out=, 4 q/out", rotating, True))
     # the same call with its kernels launched one by one (the path before kernels.launch's
     # graphs, and the one inside a capture): the same-run comparison
     real_api, launch.graph_api = launch.graph_api, lambda: None

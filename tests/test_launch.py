@@ -68,7 +68,7 @@ class FakeGraphApi:
         node = params._obj
         self.log.append(("add", _val(graph), [deps[i] for i in range(count)], node.func,
                          (node.gridDimX, node.gridDimY, node.gridDimZ), node.sharedMemBytes,
-                         self._handle(ref)))
+                         _first_pointer(node), self._handle(ref)))
         return 0
 
     def instantiate(self, ref, graph, flags):
@@ -111,16 +111,25 @@ def test_a_call_is_one_graph_launch_with_its_current_arguments(fake_graphs, raw_
     attention.args.q, combine.args.o_part = 0x111, 0x222
     graph(stream=5, capturing=False)
     log = fake_graphs.log
-    (_, g), (_, g1, d1, f1, grid1, smem1, n1), (_, g2, d2, f2, _, _, n2), (_, g3, exe) = log[:4]
+    (_, g), (_, g1, d1, f1, grid1, smem1, q1, n1), (_, g2, d2, f2, _, _, p2, n2), (_, g3, exe) = \
+        log[:4]
     assert g == g1 == g2 == g3 and (d1, d2) == ([], [n1])  # the combine after the attention
     assert (f1, grid1, smem1, f2) == (0xA000, (4, 8, 1), 90_000, 0xB000)
-    assert log[4:] == [("set", exe, n1, 0x111), ("set", exe, n2, 0x222), ("launch", exe, 5)]
+    assert (q1, p2) == (0x111, 0x222)  # the nodes are made with the call's arguments
+    assert log[4:] == [("launch", exe, 5)]
     assert raw_launches == []  # no kernel launched on its own
 
     log.clear()
-    attention.args.q = 0x333  # the next call's pointers: set again, no new graph
+    attention.args.q = 0x333  # the next call's pointers: that node set again, no new graph
     graph(stream=5, capturing=False)
-    assert log == [("set", exe, n1, 0x333), ("set", exe, n2, 0x222), ("launch", exe, 5)]
+    assert log == [("set", exe, n1, 0x333), ("launch", exe, 5)]
+    log.clear()
+    graph(stream=5, capturing=False)  # nothing changed: nothing set
+    assert log == [("launch", exe, 5)]
+    log.clear()
+    combine.args.splits = 7  # any byte of the struct, not only the pointers
+    graph(stream=5, capturing=False)
+    assert log == [("set", exe, n2, 0x222), ("launch", exe, 5)]
 
 
 def test_a_capture_launches_the_kernels_one_by_one(fake_graphs, raw_launches):
