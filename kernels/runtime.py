@@ -289,10 +289,9 @@ class Runtime:
             capacity = (k_cache.shape[2], table.shape[1]) if layout == "paged" else (k_cache.shape[1],)
             hint = None if max_ctx is None else plan_ctx(max_ctx, math.prod(capacity))
             key = (layout, q.device, q.dtype, q.shape, k_blk.shape[2], *capacity, mask, window, hint)
-            hash(key)  # mask=['full']: no key; the contract check names the argument
-        except Exception:
-            key = None
-        b = self._bound.get(key) if key is not None else None
+            b = self._bound.get(key)  # mask=['full'] (unhashable): no key, as a bad argument
+        except Exception:  # the contract check below names the argument
+            key = b = None
         return b if b is not None else self._bind_attention(key, layout, args, mask, window, scale,
                                                             max_ctx)
 
