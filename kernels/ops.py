@@ -7,7 +7,12 @@ store before the attention that reads the cache it wrote.
 
 Each op runs on a registry backend: `backend=""` picks the device's default (the torch reference
 on the CPU, cupy on CUDA); any `registry.from_spec` string ("cutlass", "cupy:tile_n=32") names
-another, and `register_runtime` names a `Runtime` (how a Runtime runs under torch.compile). `*_out` ops write into a caller's buffer (as vLLM passes a preallocated output).
+another, and `register_runtime` names a `Runtime` (how a Runtime runs under torch.compile).
+`*_out` ops write into a caller's buffer (as vLLM passes a preallocated output).
+
+The Python entry points below (`paged_attention`, ..., `store_arena`) take the op only while
+torch.compile traces them (or for fake tensors); an eager call on plain tensors runs the same
+backend directly, without the dispatcher's host time (`_eager`).
 """
 
 from __future__ import annotations
@@ -68,12 +73,27 @@ def _function_takes_out(fn) -> bool:
     return "out" in inspect.signature(fn).parameters
 
 
-def _attend_into(fn, out: torch.Tensor, args, mask, window, scale, max_ctx=None) -> None:
+def _attend(name, tensors, mask, window, scale, backend, max_ctx, out=None):
+    """Backend `backend`'s `name` (paged_attention / arena_attention) on `tensors`, into `out`
+    when given: the body of the attention ops, and what an eager call runs without them."""
+    fn = getattr(backend_for(backend, tensors[0].device), name)
+    if out is None:
+        return fn(*tensors, mask=mask, window=window, scale=scale, **hint_kwargs(max_ctx))
     # Backends without `out=` (the reference) compute a fresh tensor; copy it over.
     if _takes_out(fn):
-        fn(*args, mask=mask, window=window, scale=scale, out=out, **hint_kwargs(max_ctx))
+        fn(*tensors, mask=mask, window=window, scale=scale, out=out, **hint_kwargs(max_ctx))
     else:
-        out.copy_(fn(*args, mask=mask, window=window, scale=scale, **hint_kwargs(max_ctx)))
+        out.copy_(fn(*tensors, mask=mask, window=window, scale=scale, **hint_kwargs(max_ctx)))
+    return out
+
+
+def _eager(t) -> bool:
+    """Whether a Python entry point runs its backend directly, not through the custom op: for a
+    plain tensor outside torch.compile's tracing. Only tracing needs the op (it keeps the kernels
+    opaque to the compiler and declares what a store mutates); the dispatcher's way through it
+    costs about 20 us of host time a call (H200: 34 against 14 us, results/sm90-2026-12-03/
+    session16/host/). Fake and functional tensors, and tracers' proxies, still take the op."""
+    return type(t) is torch.Tensor and not torch.compiler.is_compiling()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -86,9 +106,8 @@ def _paged_attention(q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor,
                      ctx_lens: torch.Tensor, mask: str = "full", window: Optional[int] = None,
                      scale: Optional[float] = None, backend: str = "",
                      max_ctx: Optional[int] = None) -> torch.Tensor:
-    fn = backend_for(backend, q.device).paged_attention
-    return fn(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask=mask, window=window,
-              scale=scale, **hint_kwargs(max_ctx))
+    return _attend("paged_attention", (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens),
+                   mask, window, scale, backend, max_ctx)
 
 
 @torch.library.custom_op("drafter_attn::paged_attention_out", mutates_args=("out",))
@@ -97,9 +116,8 @@ def _paged_attention_out(out: torch.Tensor, q: torch.Tensor, k_blk: torch.Tensor
                          block_table: torch.Tensor, ctx_lens: torch.Tensor, mask: str = "full",
                          window: Optional[int] = None, scale: Optional[float] = None,
                          backend: str = "", max_ctx: Optional[int] = None) -> None:
-    fn = backend_for(backend, q.device).paged_attention
-    _attend_into(fn, out, (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens), mask,
-                 window, scale, max_ctx)
+    _attend("paged_attention", (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens), mask,
+            window, scale, backend, max_ctx, out)
 
 
 @torch.library.custom_op("drafter_attn::arena_attention", mutates_args=())
@@ -108,9 +126,8 @@ def _arena_attention(q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor,
                      ctx_lens: torch.Tensor, mask: str = "full", window: Optional[int] = None,
                      scale: Optional[float] = None, backend: str = "",
                      max_ctx: Optional[int] = None) -> torch.Tensor:
-    fn = backend_for(backend, q.device).arena_attention
-    return fn(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, mask=mask, window=window,
-              scale=scale, **hint_kwargs(max_ctx))
+    return _attend("arena_attention", (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens), mask,
+                   window, scale, backend, max_ctx)
 
 
 @torch.library.custom_op("drafter_attn::arena_attention_out", mutates_args=("out",))
@@ -119,9 +136,8 @@ def _arena_attention_out(out: torch.Tensor, q: torch.Tensor, k_blk: torch.Tensor
                          slots: torch.Tensor, ctx_lens: torch.Tensor, mask: str = "full",
                          window: Optional[int] = None, scale: Optional[float] = None,
                          backend: str = "", max_ctx: Optional[int] = None) -> None:
-    fn = backend_for(backend, q.device).arena_attention
-    _attend_into(fn, out, (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens), mask, window,
-                 scale, max_ctx)
+    _attend("arena_attention", (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens), mask, window,
+            scale, backend, max_ctx, out)
 
 
 def _fake_attention(q, *args, **kwargs):
@@ -178,7 +194,8 @@ def _(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens, backend=""):
 
 def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *, mask="full",
                     window=None, scale=None, out=None, backend="", max_ctx=None):
-    """`torch.ops.drafter_attn.paged_attention`, or its `_out` form when `out` is given.
+    """`torch.ops.drafter_attn.paged_attention`, or its `_out` form when `out` is given (while
+    torch.compile traces; eagerly, the same backend without the op).
 
     Args (as `kernels.reference.paged_attention`):
         q: [B, Qb, Hq, D]; bfloat16, float16 or float32.
@@ -204,6 +221,9 @@ def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
         ...                 out=out) is out
         True
     """
+    if _eager(q):
+        return _attend("paged_attention", (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens),
+                       mask, window, scale, backend, max_ctx, out)
     args = (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, mask, window, scale, backend,
             max_ctx)
     if out is None:
@@ -214,7 +234,8 @@ def paged_attention(q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
 
 def arena_attention(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *, mask="full",
                     window=None, scale=None, out=None, backend="", max_ctx=None):
-    """`torch.ops.drafter_attn.arena_attention`, or its `_out` form when `out` is given.
+    """`torch.ops.drafter_attn.arena_attention`, or its `_out` form when `out` is given (eagerly,
+    the same backend without the op, as `paged_attention`).
 
     As `paged_attention`, with k_arena, v_arena [num_slots, max_ctx, Hkv, D] and slots int32
     [B] instead of pages and block table (the `max_ctx` hint at most k_arena.shape[1]).
@@ -225,6 +246,9 @@ def arena_attention(q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *, mask=
         ...                 mask="sliding_causal", window=128, backend="reference").shape
         torch.Size([2, 16, 32, 128])
     """
+    if _eager(q):
+        return _attend("arena_attention", (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens), mask,
+                       window, scale, backend, max_ctx, out)
     args = (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, mask, window, scale, backend,
             max_ctx)
     if out is None:
@@ -248,6 +272,10 @@ def store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens, 
         >>> (lens - ctx_lens).tolist()
         [3, 16]
     """
+    if _eager(k_new):
+        backend_for(backend, k_new.device).store_paged(k_new, v_new, num_new, k_pages, v_pages,
+                                                       block_table, ctx_lens)
+        return
     torch.ops.drafter_attn.store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table,
                                        ctx_lens, backend)
 
@@ -262,5 +290,9 @@ def store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens, *, bac
         >>> (lens - ctx_lens).tolist()
         [3, 16]
     """
+    if _eager(k_new):
+        backend_for(backend, k_new.device).store_arena(k_new, v_new, num_new, k_arena, v_arena,
+                                                       slots, ctx_lens)
+        return
     torch.ops.drafter_attn.store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens,
                                        backend)

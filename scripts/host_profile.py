@@ -107,8 +107,10 @@ def main() -> None:
                  True))
     rt = Runtime()
     rows += [("Runtime call", lambda: rt.paged_attention(*args), True),
+             ("ops.paged_attention (eager: no op)",
+              lambda: ops.paged_attention(*args, backend=SPEC), True),
              ("custom op (torch.ops.drafter_attn)",
-              lambda: ops.paged_attention(*args, backend=SPEC), True)]
+              lambda: torch.ops.drafter_attn.paged_attention(*args, backend=SPEC), True)]
 
     on.paged_attention(*args)
     plan = next(iter(on._plans.values()))  # the plan of the call without out=

@@ -557,3 +557,61 @@ def test_kernels_reject_strides_off_their_unit(planning):
     assert reference.paged_attention(*case).shape == case[0].shape  # fine for the contract
     with pytest.raises(ValueError, match="must be a multiple of one packed page"):
         _plan(cb, backend, tuple(case))
+
+
+# ---------------------------------------------------------------------------------------------
+# eager calls skip the dispatcher
+
+
+class _Recorder:
+    """A backend that answers with the reference and records whether each call ran inside a
+    custom op (the op's autograd layer excludes AutogradOther while its kernel runs)."""
+
+    def __init__(self):
+        self.inside_op = []
+
+    def _seen(self):
+        self.inside_op.append(torch._C._dispatch_tls_is_dispatch_key_excluded(
+            torch._C.DispatchKey.AutogradOther))
+
+    def paged_attention(self, *args, **kw):
+        self._seen()
+        return reference.paged_attention(*args, **kw)
+
+    def store_paged(self, *args):
+        self._seen()
+        reference.store_paged(*args)
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    rec = _Recorder()
+    monkeypatch.setitem(ops._resolved, ("recorder", "cpu"), rec)
+    return rec
+
+
+def test_eager_entry_points_run_the_backend_without_the_op(recorder):
+    case = paged_case("cpu")
+    ref = reference.paged_attention(*case)
+    assert torch.equal(ops.paged_attention(*case, backend="recorder"), ref)
+    out = torch.full_like(case[0], float("nan"))
+    assert ops.paged_attention(*case, backend="recorder", out=out) is out
+    assert torch.equal(out, ref)
+    lens = case[6].clone()
+    ops.store_paged(*store_args(case[:6] + (lens,), _num_new(case)), backend="recorder")
+    assert torch.equal(lens, case[6] + _num_new(case))
+    # the op itself still runs inside the dispatcher: what the recorder tells apart
+    torch.ops.drafter_attn.paged_attention(*case, backend="recorder")
+    assert recorder.inside_op == [False, False, False, True]
+
+
+def test_traced_calls_take_the_op(recorder):
+    case = paged_case("cpu")
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def layer(*args):
+        return ops.paged_attention(*args, backend="recorder") * 2
+
+    torch.testing.assert_close(layer(*case), 2 * reference.paged_attention(*case))
+    assert recorder.inside_op and all(recorder.inside_op)
+    assert not ops._eager(torch._subclasses.FakeTensorMode().from_tensor(case[0]))
