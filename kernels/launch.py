@@ -5,15 +5,17 @@
 - `LaunchGraph`: the launches of one call (an attention and its split combine, or a store) as one
   instantiated CUDA graph per stream. Outside a stream capture a call copies each launch's
   current arguments into its graph node (`cuGraphExecKernelNodeSetParams`, skipped for a node
-  whose arguments did not change) and launches the graph once. The driver's host time for two kernels that way is 1.9 us against 6.3 us for two
-  `cuLaunchKernel` (H200, scripts/launch_cost.cu; results/sm90-2026-12-03/session16/host/).
+  whose arguments did not change) and launches the graph once. The driver's host time for two
+  kernels that way is 1.9 us against 6.3 us for two `cuLaunchKernel` (H200,
+  scripts/launch_cost.cu; results/sm90-2026-12-03/session16/host/).
   Inside a capture the kernels launch one by one: the captured graph holds them and its replays
   pay no host time, and a graph launched into a capturing stream would be a child graph frozen
   with the arguments of the capture.
 
-Both take libcuda's functions through ctypes with their argument types bound once: a few hundred
-nanoseconds a call, against several microseconds through cuda.bindings' wrappers (H200,
-2026-11-30: 6.5 us of the 29 us a planned call took).
+Both take libcuda's functions through ctypes with their argument types bound once, which costs
+less than cuda.bindings' wrappers (H200, 2026-11-30: those took 6.5 us of the 29 us a planned
+call took). A graph executable is freed when dropped; one still running is freed by the driver
+when it completes.
 """
 
 from __future__ import annotations
