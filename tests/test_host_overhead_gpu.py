@@ -74,14 +74,20 @@ def _record(benchmark, per_call: float, target: str) -> None:
     benchmark.extra_info.update(target_us=TARGET_US[target], meets_target=per_call <= TARGET_US[target])
 
 
-@pytest.mark.parametrize("checks", [True, False], ids=["checks", "no-checks"])
-def test_backend_call_host_time(benchmark, inputs, checks, monkeypatch):
+@pytest.mark.parametrize("checks, out", [(True, False), (False, False), (False, True)],
+                         ids=["checks", "no-checks", "no-checks-out"])
+def test_backend_call_host_time(benchmark, inputs, checks, out, monkeypatch):
+    """With checks on (the default), off, and off with `out=` (the serving configuration)."""
     pytest.importorskip("cupy")
     from drafter_attn.kernels import cupy_backend as cb
 
     monkeypatch.setattr(cb, "CHECKS", checks)
     backend = dataclasses.replace(registry.get("cupy"))  # its own plans, keyed for `checks`
-    per_call = _per_call_us(benchmark, backend.paged_attention, inputs)
+    call = backend.paged_attention
+    if out:
+        buf = torch.empty_like(inputs[0])
+        call = lambda *a: backend.paged_attention(*a, out=buf)  # noqa: E731
+    per_call = _per_call_us(benchmark, call, inputs)
     _record(benchmark, per_call, "backend")
 
 
