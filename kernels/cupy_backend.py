@@ -6,9 +6,10 @@ Plan, then run (as FlashInfer splits them): the first call of a shape validates 
 picks parameters and the split count, loads the variant and packs the kernel arguments (a
 `DrafterParams` struct, kernels/cuda/params.cuh, passed field by field). Every later call of that
 shape is a dict lookup, the pointers and one driver launch of the call's kernels as a graph
-(kernels/launch.py; inside a stream capture, one launch per kernel). Nothing reads a device value, so a step runs under
-``torch.cuda.set_sync_debug_mode("error")`` and captures into a CUDA graph; data-dependent work
-(which tiles a request reads, where a split starts) is decided on the device from ``ctx_lens``.
+(kernels/launch.py; inside a stream capture, one launch per kernel). Nothing reads a device
+value, so a step runs under ``torch.cuda.set_sync_debug_mode("error")`` and captures into a CUDA
+graph; data-dependent work (which tiles a request reads, where a split starts) is decided on the
+device from ``ctx_lens``.
 `DRAFTER_CHECKS=0` shortens the plan key to what the plan depends on, so calls whose tensors
 differ in other ways are no longer rejected (serving, once inputs are known to be right).
 """
