@@ -190,9 +190,10 @@ class LaunchGraph:
         self.graphs: dict[int, _Graph] = {}  # by raw stream handle
         self.no_graph: str | None = None  # why calls launch one by one outside a capture
 
-    def __call__(self, stream: int, capturing: bool) -> None:
-        graph = None if capturing else self.graphs.get(stream)
-        if graph is None and not capturing:
+    def __call__(self, stream: int, captured: bool) -> None:
+        """Launch on `stream`; `captured`: whether that stream is being captured."""
+        graph = None if captured else self.graphs.get(stream)
+        if graph is None and not captured:
             graph = self._instantiate(stream)
         if graph is None:
             for launch in self.launches:

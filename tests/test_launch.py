@@ -109,7 +109,7 @@ def test_a_call_is_one_graph_launch_with_its_current_arguments(fake_graphs, raw_
     attention, combine = _two_launches()
     graph = L.LaunchGraph([attention, combine])
     attention.args.q, combine.args.o_part = 0x111, 0x222
-    graph(stream=5, capturing=False)
+    graph(stream=5, captured=False)
     log = fake_graphs.log
     (_, g), (_, g1, d1, f1, grid1, smem1, q1, n1), (_, g2, d2, f2, _, _, p2, n2), (_, g3, exe) = \
         log[:4]
@@ -121,21 +121,21 @@ def test_a_call_is_one_graph_launch_with_its_current_arguments(fake_graphs, raw_
 
     log.clear()
     attention.args.q = 0x333  # the next call's pointers: that node set again, no new graph
-    graph(stream=5, capturing=False)
+    graph(stream=5, captured=False)
     assert log == [("set", exe, n1, 0x333), ("launch", exe, 5)]
     log.clear()
-    graph(stream=5, capturing=False)  # nothing changed: nothing set
+    graph(stream=5, captured=False)  # nothing changed: nothing set
     assert log == [("launch", exe, 5)]
     log.clear()
     combine.args.splits = 7  # any byte of the struct, not only the pointers
-    graph(stream=5, capturing=False)
+    graph(stream=5, captured=False)
     assert log == [("set", exe, n2, 0x222), ("launch", exe, 5)]
 
 
 def test_a_capture_launches_the_kernels_one_by_one(fake_graphs, raw_launches):
     attention, combine = _two_launches()
     graph = L.LaunchGraph([attention, combine])
-    graph(stream=9, capturing=True)
+    graph(stream=9, captured=True)
     assert fake_graphs.log == [] and not graph.graphs
     assert [(a[0], a[8]) for a in raw_launches] == [(0xA000, 9), (0xB000, 9)]
 
@@ -143,13 +143,13 @@ def test_a_capture_launches_the_kernels_one_by_one(fake_graphs, raw_launches):
 def test_each_stream_has_its_graph_the_oldest_dropped(fake_graphs):
     graph = L.LaunchGraph(_two_launches())
     for s in range(1, L.GRAPH_STREAMS + 1):
-        graph(stream=s, capturing=False)
+        graph(stream=s, captured=False)
     execs = {s: g.exe.value for s, g in graph.graphs.items()}
     assert len(set(execs.values())) == L.GRAPH_STREAMS
-    graph(stream=1, capturing=False)  # still kept: no new graph
+    graph(stream=1, captured=False)  # still kept: no new graph
     assert list(graph.graphs) == list(range(1, L.GRAPH_STREAMS + 1))
     fake_graphs.log.clear()
-    graph(stream=99, capturing=False)
+    graph(stream=99, captured=False)
     gc.collect()
     assert 1 not in graph.graphs and 99 in graph.graphs
     assert ("destroy_exec", execs[1]) in fake_graphs.log  # the dropped graph is freed
@@ -158,7 +158,7 @@ def test_each_stream_has_its_graph_the_oldest_dropped(fake_graphs):
 def test_without_the_graph_api_calls_launch_one_by_one(raw_launches, monkeypatch):
     monkeypatch.setattr(L, "graph_api", lambda: None)
     graph = L.LaunchGraph(_two_launches())
-    graph(stream=3, capturing=False)
+    graph(stream=3, captured=False)
     assert [(a[0], a[8]) for a in raw_launches] == [(0xA000, 3), (0xB000, 3)]
 
 
@@ -172,7 +172,7 @@ def test_a_graph_the_driver_refuses_falls_back_to_launches(fake_graphs, raw_laun
     monkeypatch.setattr(fake_graphs, "instantiate", lambda ref, graph, flags: 999)
     graph = L.LaunchGraph(_two_launches())
     for _ in range(2):
-        graph(stream=4, capturing=False)
+        graph(stream=4, captured=False)
     assert "cuGraphInstantiate failed: CUresult 999" in graph.no_graph and not graph.graphs
     assert [(a[0], a[8]) for a in raw_launches] == [(0xA000, 4), (0xB000, 4)] * 2
     gc.collect()
