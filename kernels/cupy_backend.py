@@ -1123,12 +1123,17 @@ class CupyBackend:
         """A plan hit: one lookup, then the launch. A miss validates (ValueError naming the
         argument) and plans. A `max_ctx` hint is checked on every call (a Python int against the
         capacity) and keys the plan by the context it plans for (contract.plan_ctx)."""
-        key_extra = extra if max_ctx is None else (*extra, _hint_key(layout, args, max_ctx))
-        key = call_key(layout, args, key_extra)
+        key = attention_key(layout, args, extra, max_ctx)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plan_attention(key, check(*args[:7], *extra, max_ctx=max_ctx), layout, args)
         return plan.run(*args)
+
+    def planned(self, key):
+        """The attention plan of a call key (`attention_key`), once a call of that key has run
+        here, else None: what `Runtime` reaches in one lookup on later calls (`plan.run(*args)`
+        with the key's eight arguments, `out` last)."""
+        return self._plans.get(key)
 
     def _store(self, kind, check, args):
         key = call_key(kind, args, None)
@@ -1238,6 +1243,14 @@ class CupyBackend:
         if not torch.cuda.is_current_stream_capturing():  # a capture's counters are its own
             self._plans[key] = plan
         return plan
+
+
+def attention_key(layout: str, args, extra, max_ctx=None) -> tuple | None:
+    """The plan key of an attention call of any backend of this family: `args` its eight
+    arguments (`out` last, or None), `extra` (mask, window, scale). A `max_ctx` hint is checked
+    against the capacity (ValueError) and keys the context it plans for."""
+    key_extra = extra if max_ctx is None else (*extra, _hint_key(layout, args, max_ctx))
+    return call_key(layout, args, key_extra)
 
 
 def _hint_key(layout: str, args, max_ctx):

@@ -19,6 +19,7 @@ import torch
 
 from drafter_attn.kernels import ops
 from drafter_attn.kernels.contract import hint_kwargs, plan_ctx
+from drafter_attn.kernels.cupy_backend import attention_key
 from drafter_attn.kernels.dispatcher import CURRENT, Dispatcher, Pick, fmt_params, reference_pick
 from drafter_attn.kernels.shipped import find_default
 from drafter_attn.kernels.spec import Geometry, Problem
@@ -90,6 +91,7 @@ class Runtime:
         else:
             self.dispatcher = self._load(table, include_predicted)
         self._bound: dict[tuple, _Bound] = {}
+        self._plans: dict[tuple, object] = {}  # attention call key -> the picked backend's plan
         self._cache_impl: dict[tuple, _Bound] = {}  # cache key -> last attention binding
         self._sm_of: dict[tuple, int | None] = {}
         self._warned: set[str] = set()
@@ -219,9 +221,26 @@ class Runtime:
         if torch.compiler.is_compiling():
             return getattr(ops, fn)(*args, mask=mask, window=window, scale=scale,
                                     backend=self.op_backend, max_ctx=max_ctx)
+        # A call key the picked backend has planned: its plan, in one lookup. The key is the
+        # backend's own (kernels.cupy_backend.attention_key: with checks on, every property its
+        # validation reads), and it holds all the pick depends on, so a hit is the call the
+        # binding below would make.
+        try:
+            key = attention_key(layout, (*args, None), (mask, window, scale), max_ctx)
+            plan = self._plans.get(key)
+        except Exception:  # a bad argument: the binding's path names it
+            key = plan = None
+        if plan is not None:
+            return plan.run(*args, None)
         b = self._attention_binding(layout, args, mask, window, scale, max_ctx)
-        return getattr(b.backend, fn)(*args, mask=mask, window=window, scale=scale,
-                                      **hint_kwargs(max_ctx))
+        out = getattr(b.backend, fn)(*args, mask=mask, window=window, scale=scale,
+                                     **hint_kwargs(max_ctx))
+        planned = getattr(b.backend, "planned", None)
+        if key is not None and planned is not None:
+            plan = planned(key)
+            if plan is not None:
+                self._plans[key] = plan
+        return out
 
     def _device_sm(self, device) -> int | None:
         if self.sm is not None:

@@ -615,3 +615,33 @@ def test_traced_calls_take_the_op(recorder):
     torch.testing.assert_close(layer(*case), 2 * reference.paged_attention(*case))
     assert recorder.inside_op and all(recorder.inside_op)
     assert not ops._eager(torch._subclasses.FakeTensorMode().from_tensor(case[0]))
+
+
+def test_runtime_reaches_the_picked_plan_in_one_lookup(planning, monkeypatch):
+    """After a call of a key has planned, Runtime runs that plan without binding again; a call
+    whose checked properties differ (here a strided q) binds and plans anew, and a bad max_ctx
+    hint is still named."""
+    cb, backend = planning
+    from drafter_attn.kernels import runtime as rtm
+    from drafter_attn.kernels.dispatcher import Dispatcher
+
+    rt = rtm.Runtime(Dispatcher())
+    bindings, runs = [], []
+    monkeypatch.setattr(rt, "_attention_binding",
+                        lambda layout, *a: bindings.append(layout) or rtm._Bound(backend, None))
+    monkeypatch.setattr(cb.AttentionPlan, "run",
+                        lambda self, *a: runs.append((self, a[0], a[-1])) or a[0])
+    case = paged_case("cpu")
+    for _ in range(3):
+        assert rt.paged_attention(*case) is case[0]
+    assert bindings == ["paged"]
+    (plan,) = backend._plans.values()
+    assert runs == [(plan, case[0], None)] * 3 and list(rt._plans.values()) == [plan]
+
+    wide = torch.empty(case[0].shape[:-1] + (2 * D,), dtype=DT)[..., :D]  # same shape, strided
+    wide.copy_(case[0])
+    with pytest.raises(ValueError, match="q"):  # the contract refuses it: nothing cached
+        rt.paged_attention(wide, *case[1:])
+    assert bindings == ["paged"] * 2 and len(rt._plans) == 1
+    with pytest.raises(ValueError, match="max_ctx"):
+        rt.paged_attention(*case, max_ctx=10**9)
