@@ -53,7 +53,8 @@ class Runtime:
 
     Per call: a key from tensor shapes, dtypes and the device (and the planned context of a
     `max_ctx` hint; no device reads), a dict lookup, then the backend's own function (which
-    validates its inputs).
+    validates its inputs). Once the picked backend (cupy, cutlass) has planned a call key, later
+    attention calls of that key run its plan in one lookup of the backend's own key.
     """
 
     def __init__(self, table=None, *, sm: int | None = None, include_predicted: bool = False,
