@@ -87,6 +87,12 @@ def _attend(name, tensors, mask, window, scale, backend, max_ctx, out=None):
     return out
 
 
+def _store(name, tensors, backend) -> None:
+    """Backend `backend`'s `name` (store_paged / store_arena) on `tensors`, in place: the body of
+    the store ops, and what an eager call runs without them."""
+    getattr(backend_for(backend, tensors[0].device), name)(*tensors)
+
+
 def _eager(t) -> bool:
     """Whether a Python entry point runs its backend directly, not through the custom op: for a
     plain tensor outside torch.compile's tracing. Only tracing needs the op (it keeps the kernels
@@ -165,8 +171,8 @@ for _op in (_paged_attention_out, _arena_attention_out):
 def _store_paged(k_new: torch.Tensor, v_new: torch.Tensor, num_new: torch.Tensor,
                  k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
                  ctx_lens: torch.Tensor, backend: str = "") -> None:
-    backend_for(backend, k_new.device).store_paged(k_new, v_new, num_new, k_pages, v_pages,
-                                                   block_table, ctx_lens)
+    _store("store_paged", (k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens),
+           backend)
 
 
 @torch.library.custom_op("drafter_attn::store_arena",
@@ -174,8 +180,7 @@ def _store_paged(k_new: torch.Tensor, v_new: torch.Tensor, num_new: torch.Tensor
 def _store_arena(k_new: torch.Tensor, v_new: torch.Tensor, num_new: torch.Tensor,
                  k_arena: torch.Tensor, v_arena: torch.Tensor, slots: torch.Tensor,
                  ctx_lens: torch.Tensor, backend: str = "") -> None:
-    backend_for(backend, k_new.device).store_arena(k_new, v_new, num_new, k_arena, v_arena,
-                                                   slots, ctx_lens)
+    _store("store_arena", (k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens), backend)
 
 
 @_store_paged.register_fake
@@ -273,9 +278,8 @@ def store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens, 
         [3, 16]
     """
     if _eager(k_new):
-        backend_for(backend, k_new.device).store_paged(k_new, v_new, num_new, k_pages, v_pages,
-                                                       block_table, ctx_lens)
-        return
+        return _store("store_paged", (k_new, v_new, num_new, k_pages, v_pages, block_table,
+                                      ctx_lens), backend)
     torch.ops.drafter_attn.store_paged(k_new, v_new, num_new, k_pages, v_pages, block_table,
                                        ctx_lens, backend)
 
@@ -291,8 +295,7 @@ def store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens, *, bac
         [3, 16]
     """
     if _eager(k_new):
-        backend_for(backend, k_new.device).store_arena(k_new, v_new, num_new, k_arena, v_arena,
-                                                       slots, ctx_lens)
-        return
+        return _store("store_arena", (k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens),
+                      backend)
     torch.ops.drafter_attn.store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens,
                                        backend)
