@@ -205,7 +205,7 @@ class LaunchGraph:
         """The stream's graph, built in the device's context; None (and `no_graph` says why)
         where the driver cannot build one: the kernels then launch one by one, as before."""
         api = graph_api()
-        if api is None or not all(launch._raw for launch in self.launches):
+        if api is None:
             self.no_graph = "no libcuda graph API through ctypes"
         if self.no_graph:
             return None
