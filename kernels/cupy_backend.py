@@ -31,6 +31,7 @@ import torch
 
 from drafter_attn.kernels import contract
 from drafter_attn.kernels.footprint import partial_elems
+from drafter_attn.kernels.guards import RecentPlans
 from drafter_attn.kernels.launch import Launch, LaunchGraph, capturing
 from drafter_attn.kernels.nvrtc import compile_for_device
 from drafter_attn.kernels.spec import Problem
@@ -932,9 +933,10 @@ def choose_splits(batch: int, hkv: int, kv_tokens: int, tile_n: int, num_sms: in
 # Split-KV workspaces a plan keeps, one per stream, the oldest dropped beyond this.
 _WORKSPACE_STREAMS = 4
 # The pointer fields lead the packed structs (DrafterParams: q .. out, o_part, lse_part;
-# CombineArgs: o_part, lse_part, out): one pack_into a call writes them (ctypes structs are
-# writable buffers).
+# CombineArgs: o_part, lse_part, out; StoreArgs: k_new .. ctx_lens): one pack_into a call writes
+# them (ctypes structs are writable buffers), and only when they changed since the last call.
 _ATTENTION_PTRS, _COMBINE_PTRS = struct.Struct("10P"), struct.Struct("3P")
+_STORE_PTRS = struct.Struct("7P")
 
 
 @dataclass
@@ -953,6 +955,7 @@ class AttentionPlan:
     workspaces: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
     # the call's launches: one graph launch per eager call (kernels.launch)
     launches: LaunchGraph = dataclasses.field(init=False, repr=False, compare=False)
+    packed: tuple = dataclasses.field(default=(), repr=False, compare=False)  # the last pointers
 
     def __post_init__(self):
         self.launches = LaunchGraph([self.attention] + ([self.combine] if self.combine else []),
@@ -961,21 +964,24 @@ class AttentionPlan:
     def run(self, q, k_blk, v_blk, k_cache, v_cache, table, ctx_lens, out):
         if out is None:
             out = torch.empty_like(q)
-        attention, combine = self.attention, self.combine
         with self.lock:  # the packed arguments are shared by every call of this shape
             stream = _stream(self.index)
             captured = capturing()
             o, kp, vp = out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
             part = lse = 0  # no split: the attention writes `out` itself
-            if combine is not None:
+            if self.combine is not None:
                 part = self._workspace(stream, q.device, captured).data_ptr()
                 lse = part + 4 * self.part_elems
-                _COMBINE_PTRS.pack_into(combine.args, 0, part, lse, o)
-            _ATTENTION_PTRS.pack_into(attention.args, 0, q.data_ptr(), k_blk.data_ptr(),
-                                      v_blk.data_ptr(), kp, vp, table.data_ptr(),
-                                      ctx_lens.data_ptr(), o, part, lse)
-            if self.tma is not None and (kp, vp) != self.tma.ptrs:
-                self.tma.encode_into(attention.args, kp, vp)
+            ptrs = (q.data_ptr(), k_blk.data_ptr(), v_blk.data_ptr(), kp, vp, table.data_ptr(),
+                    ctx_lens.data_ptr(), o, part, lse)
+            if ptrs != self.packed:  # a decode loop over static buffers packs nothing
+                _ATTENTION_PTRS.pack_into(self.attention.args, 0, *ptrs)
+                if self.combine is not None:
+                    _COMBINE_PTRS.pack_into(self.combine.args, 0, part, lse, o)
+                if self.tma is not None and (kp, vp) != self.tma.ptrs:
+                    self.tma.encode_into(self.attention.args, kp, vp)
+                self.packed = ptrs
+                self.launches.touch()
             self.launches(stream, captured)
         return out
 
@@ -1026,6 +1032,7 @@ class StorePlan:
     launch: Launch | None  # None: no rows or no requests, nothing to write
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     launches: LaunchGraph | None = dataclasses.field(init=False, repr=False, compare=False)
+    packed: tuple = dataclasses.field(default=(), repr=False, compare=False)  # the last pointers
 
     def __post_init__(self):
         self.launches = (LaunchGraph([self.launch], self.index) if self.launch is not None
@@ -1034,15 +1041,20 @@ class StorePlan:
     def run(self, k_new, v_new, num_new, k_cache, v_cache, table, ctx_lens):
         if self.launch is None:
             return
-        a = self.launch.args
         with self.lock:
-            a.k_new, a.v_new, a.num_new = k_new.data_ptr(), v_new.data_ptr(), num_new.data_ptr()
-            a.k_cache, a.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
-            a.table, a.ctx_lens = table.data_ptr(), ctx_lens.data_ptr()
+            ptrs = (k_new.data_ptr(), v_new.data_ptr(), num_new.data_ptr(), k_cache.data_ptr(),
+                    v_cache.data_ptr(), table.data_ptr(), ctx_lens.data_ptr())
+            if ptrs != self.packed:
+                _STORE_PTRS.pack_into(self.launch.args, 0, *ptrs)
+                self.packed = ptrs
+                self.launches.touch()
             self.launches(_stream(self.index), capturing())
 
 
 CHECKS = os.environ.get("DRAFTER_CHECKS", "1") != "0"
+# DRAFTER_CHECKS=full (debug): every call runs the contract check, value checks included
+# (kernels.contract), not only a call that plans.
+FULL_CHECKS = os.environ.get("DRAFTER_CHECKS") == "full"
 
 
 def call_key(kind: str, tensors, extra) -> tuple | None:
@@ -1077,6 +1089,9 @@ class CupyBackend:
     family: ClassVar[KernelFamily] = CUPY
     _plans: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
                                      compare=False)
+    # each call form's last plan, behind a C++ check of the call's tensors (kernels.guards)
+    _recent: RecentPlans = dataclasses.field(default_factory=RecentPlans, init=False,
+                                             repr=False, compare=False)
 
     # registry protocol -------------------------------------------------------------------
     # `sm` (optional in the protocol, see registry.default_params): the GPU's SM; the
@@ -1103,13 +1118,23 @@ class CupyBackend:
     # contract ------------------------------------------------------------------------------
     def paged_attention(self, q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
                         mask="full", window=None, scale=None, out=None, max_ctx=None):
-        return self._attend("paged", contract.check_paged, (mask, window, scale),
-                            (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, out), max_ctx)
+        args = (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, out)
+        form = ("paged", mask, window, scale, max_ctx, out is None)
+        plan = self._attention_plan(form, args)
+        if plan is None:
+            plan = self._attend("paged", contract.check_paged, (mask, window, scale), args,
+                                max_ctx, form)
+        return plan.run(*args)
 
     def arena_attention(self, q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, *,
                         mask="full", window=None, scale=None, out=None, max_ctx=None):
-        return self._attend("arena", contract.check_arena, (mask, window, scale),
-                            (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, out), max_ctx)
+        args = (q, k_blk, v_blk, k_arena, v_arena, slots, ctx_lens, out)
+        form = ("arena", mask, window, scale, max_ctx, out is None)
+        plan = self._attention_plan(form, args)
+        if plan is None:
+            plan = self._attend("arena", contract.check_arena, (mask, window, scale), args,
+                                max_ctx, form)
+        return plan.run(*args)
 
     def store_paged(self, k_new, v_new, num_new, k_pages, v_pages, block_table, ctx_lens):
         self._store("store_paged", contract.check_store_paged,
@@ -1119,15 +1144,30 @@ class CupyBackend:
         self._store("store_arena", contract.check_store_arena,
                     (k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens))
 
-    def _attend(self, layout, check, extra, args, max_ctx=None):
-        """A plan hit: one lookup, then the launch. A miss validates (ValueError naming the
-        argument) and plans. A `max_ctx` hint is checked on every call (a Python int against the
-        capacity) and keys the plan by the context it plans for (contract.plan_ctx)."""
+    def _attention_plan(self, form, args):
+        """The fast path: the plan of the last call of this form, if this call's tensors match
+        its tensors' metadata (kernels.guards); else None."""
+        if FULL_CHECKS:
+            return None
+        try:
+            return self._recent.get(form, args if args[7] is not None else args[:7])
+        except TypeError:  # an unhashable argument: the contract check names it
+            return None
+
+    def _attend(self, layout, check, extra, args, max_ctx=None, form=None):
+        """The plan of an attention call by its key: one lookup on a hit; a miss validates
+        (ValueError naming the argument) and plans. A `max_ctx` hint is checked on every call
+        (a Python int against the capacity) and keys the plan by the context it plans for
+        (contract.plan_ctx). The plan becomes its form's recent one (`_attention_plan`)."""
         key = attention_key(layout, args, extra, max_ctx)
         plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plan_attention(key, check(*args[:7], *extra, max_ctx=max_ctx), layout, args)
-        return plan.run(*args)
+        if plan is None or FULL_CHECKS:
+            dims = check(*args[:7], *extra, max_ctx=max_ctx)
+            if plan is None:
+                plan = self._plan_attention(key, dims, layout, args)
+        if form is not None:
+            self._recent.put(form, [t for t in args if t is not None], plan)
+        return plan
 
     def planned(self, key):
         """The attention plan of a call key (`attention_key`), once a call of that key has run
@@ -1135,11 +1175,23 @@ class CupyBackend:
         with the key's eight arguments, `out` last)."""
         return self._plans.get(key)
 
+    def clear_plans(self) -> None:
+        """Forget every plan (each holds the module it loaded): the next call of any shape
+        plans again."""
+        self._plans.clear()
+        self._recent.clear()
+
     def _store(self, kind, check, args):
-        key = call_key(kind, args, None)
-        plan = self._plans.get(key)
+        plan = None if FULL_CHECKS else self._recent.get(kind, args)
         if plan is None:
-            plan = self._plan_store(key, check(*args), args)
+            key = call_key(kind, args, None)
+            plan = self._plans.get(key)
+            if plan is None or FULL_CHECKS:
+                dims = check(*args)
+                if plan is None:
+                    plan = self._plan_store(key, dims, args)
+            if self._plans.get(key) is plan:  # not a capture's own plan (`_plan_store`)
+                self._recent.put(kind, args, plan)
         plan.run(*args)
 
     # planning ------------------------------------------------------------------------------

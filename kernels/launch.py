@@ -4,8 +4,9 @@
   field by field). Per call only pointer fields change, then one `cuLaunchKernel`.
 - `LaunchGraph`: the launches of one call (an attention and its split combine, or a store) as one
   instantiated CUDA graph per stream. Outside a stream capture a call copies each launch's
-  current arguments into its graph node (`cuGraphExecKernelNodeSetParams`, skipped for a node
-  whose arguments did not change) and launches the graph once. The driver's host time for two
+  current arguments into its graph node (`cuGraphExecKernelNodeSetParams`, only after the owner
+  said they changed, `touch`, and only for a node whose arguments differ) and launches the graph
+  once. The driver's host time for two
   kernels that way is 1.9 us against 6.3 us for two `cuLaunchKernel` (H200,
   scripts/launch_cost.cu; results/sm90-2026-12-03/session16/host/).
   Inside a capture the kernels launch one by one: the captured graph holds them and its replays
@@ -158,18 +159,24 @@ class _Graph:
         self._sets = [(api.set_params, exe, node, ctypes.byref(params), launch.args)
                       for node, params, launch in zip(handles, self.nodes, launches)]
         self._set = [bytes(launch.args) for launch in launches]  # what each node holds
+        self.version = None  # the LaunchGraph version the nodes were last compared at
         self._launch, self.exe = api.launch, exe
 
-    def __call__(self, stream: int) -> None:
-        # A node is set only when its arguments changed since it was last set (a decode loop
-        # over static buffers sets none): bytes() of a 120-384 byte struct costs less than the
-        # driver call it saves.
-        for i, (set_params, exe, node, params, args) in enumerate(self._sets):
-            now = bytes(args)
-            if now != self._set[i]:
-                _check(set_params(exe, node, params), "cuGraphExecKernelNodeSetParams")
-                self._set[i] = now
-        _check(self._launch(self.exe, stream), "cuGraphLaunch")
+    def __call__(self, stream: int, version: int) -> None:
+        # After a change to the launches' arguments (`version`, LaunchGraph.touch) a node is set
+        # only when its arguments differ from what it holds: bytes() of a 120-384 byte struct
+        # costs less than the driver call it saves. A decode loop over static buffers sets none
+        # and compares none.
+        if version != self.version:
+            for i, (set_params, exe, node, params, args) in enumerate(self._sets):
+                now = bytes(args)
+                if now != self._set[i]:
+                    _check(set_params(exe, node, params), "cuGraphExecKernelNodeSetParams")
+                    self._set[i] = now
+            self.version = version
+        err = self._launch(self.exe, stream)
+        if err:
+            raise RuntimeError(f"cuGraphLaunch failed: CUresult {err}")
 
 
 def _destroy(api: _GraphApi, graph: ctypes.c_void_p, exe: ctypes.c_void_p) -> None:
@@ -189,6 +196,13 @@ class LaunchGraph:
         self.launches, self.device = tuple(launches), device
         self.graphs: dict[int, _Graph] = {}  # by raw stream handle
         self.no_graph: str | None = None  # why calls launch one by one outside a capture
+        self.version = 0  # bumped by `touch`
+
+    def touch(self) -> None:
+        """Say that some launch's arguments changed: each stream's graph compares its nodes
+        with them on its next call (and sets those that differ). Until then it compares
+        nothing."""
+        self.version += 1
 
     def __call__(self, stream: int, captured: bool) -> None:
         """Launch on `stream`; `captured`: whether that stream is being captured."""
@@ -199,7 +213,7 @@ class LaunchGraph:
             for launch in self.launches:
                 launch(stream)
         else:
-            graph(stream)
+            graph(stream, self.version)
 
     def _instantiate(self, stream: int) -> _Graph | None:
         """The stream's graph, built in the device's context; None (and `no_graph` says why)

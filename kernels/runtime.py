@@ -19,8 +19,9 @@ import torch
 
 from drafter_attn.kernels import ops
 from drafter_attn.kernels.contract import hint_kwargs, plan_ctx
-from drafter_attn.kernels.cupy_backend import attention_key
+from drafter_attn.kernels.cupy_backend import FULL_CHECKS, attention_key
 from drafter_attn.kernels.dispatcher import CURRENT, Dispatcher, Pick, fmt_params, reference_pick
+from drafter_attn.kernels.guards import RecentPlans
 from drafter_attn.kernels.shipped import find_default
 from drafter_attn.kernels.spec import Geometry, Problem
 from drafter_attn.kernels.tuned_table import TableError
@@ -54,7 +55,9 @@ class Runtime:
     Per call: a key from tensor shapes, dtypes and the device (and the planned context of a
     `max_ctx` hint; no device reads), a dict lookup, then the backend's own function (which
     validates its inputs). Once the picked backend (cupy, cutlass) has planned a call key, later
-    attention calls of that key run its plan in one lookup of the backend's own key.
+    attention calls of that key run its plan in one lookup of the backend's own key, and a
+    call of the same form (layout, mask, window, scale, max_ctx) whose tensors match the last
+    one's metadata runs it after one C++ check of them (kernels.guards).
     """
 
     def __init__(self, table=None, *, sm: int | None = None, include_predicted: bool = False,
@@ -93,6 +96,7 @@ class Runtime:
             self.dispatcher = self._load(table, include_predicted)
         self._bound: dict[tuple, _Bound] = {}
         self._plans: dict[tuple, object] = {}  # attention call key -> the picked backend's plan
+        self._recent = RecentPlans()  # each call form's last plan (kernels.guards)
         self._cache_impl: dict[tuple, _Bound] = {}  # cache key -> last attention binding
         self._sm_of: dict[tuple, int | None] = {}
         self._warned: set[str] = set()
@@ -222,16 +226,26 @@ class Runtime:
         if torch.compiler.is_compiling():
             return getattr(ops, fn)(*args, mask=mask, window=window, scale=scale,
                                     backend=self.op_backend, max_ctx=max_ctx)
+        # The picked backend's plan of the last call of this form, if this call's tensors
+        # match that call's (kernels.guards: one C++ check of their metadata).
+        form = (layout, mask, window, scale, max_ctx)
+        try:
+            plan = None if FULL_CHECKS else self._recent.get(form, args)
+        except TypeError:  # an unhashable argument: the binding's path names it
+            plan = None
+        if plan is not None:
+            return plan.run(*args, None)
         # A call key the picked backend has planned: its plan, in one lookup. The key is the
         # backend's own (kernels.cupy_backend.attention_key: with checks on, every property its
         # validation reads), and it holds all the pick depends on, so a hit is the call the
         # binding below would make.
         try:
             key = attention_key(layout, (*args, None), (mask, window, scale), max_ctx)
-            plan = self._plans.get(key)
+            plan = None if FULL_CHECKS else self._plans.get(key)
         except Exception:  # a bad argument: the binding's path names it
             key = plan = None
         if plan is not None:
+            self._recent.put(form, args, plan)
             return plan.run(*args, None)
         b = self._attention_binding(layout, args, mask, window, scale, max_ctx)
         out = getattr(b.backend, fn)(*args, mask=mask, window=window, scale=scale,
@@ -241,6 +255,7 @@ class Runtime:
             plan = planned(key)
             if plan is not None:
                 self._plans[key] = plan
+                self._recent.put(form, args, plan)
         return out
 
     def _device_sm(self, device) -> int | None:

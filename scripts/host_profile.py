@@ -6,9 +6,10 @@
 Each round first queues a spin kernel (`torch.cuda._sleep`) long enough to outlast the round, then
 times CALLS calls: the launches only queue behind it, so the figure is the host's own cost and
 cannot be the GPU's (a round whose stream went idle before its last call is reported, not used).
-Rows: the whole call (backend with checks on and off, `Runtime`, the custom op), then its parts
-on a planned shape: the plan key, the output allocation, the stream lookup, the call's kernels as
-one graph launch (kernels.launch, what a call does) and one kernel launched alone.
+Rows: the whole call (backend with checks on and off, without the fast path of kernels.guards,
+`Runtime`, the custom op), then its parts on a planned shape: the plan key, the fast path's
+tensor check, the output allocation, the stream lookup, the call's kernels as one graph launch
+(kernels.launch, what a call does) and one kernel launched alone.
 Medians over rounds, us per call; the spread is the rounds' p10-p90. Every row is timed in every
 round (interleaved), so the rows compare within one run even when the host's speed drifts.
 """
@@ -105,6 +106,10 @@ def main() -> None:
     assert next(iter(one_by_one._plans.values())).launches.no_graph
     rows.append(("backend call, checks on, one by one", lambda: one_by_one.paged_attention(*args),
                  True))
+    # the same call without the fast path (kernels.guards): every call builds the plan key
+    keyed = fresh()
+    keyed._recent.enabled = False
+    rows.append(("backend call, checks on, key path", lambda: keyed.paged_attention(*args), True))
     rt = Runtime()
     rows += [("Runtime call", lambda: rt.paged_attention(*args), True),
              ("ops.paged_attention (eager: no op)",
@@ -117,6 +122,8 @@ def main() -> None:
     key_args, extra = (*args, None), ("full", None, None)
     stream = cb._stream(0)
     rows += [("  part: plan key (checks on)", lambda: cb.call_key("paged", key_args, extra), True),
+             ("  part: fast path (tensor check)",
+              lambda: on._recent.get(("paged", "full", None, None, None, True), args), True),
              ("  part: torch.empty_like(q)", lambda: torch.empty_like(q), True),
              ("  part: current stream handle", lambda: cb._stream(0), True),
              ("  part: plan.run, out given", lambda: plan.run(*args, out), True),

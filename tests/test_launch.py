@@ -121,6 +121,7 @@ def test_a_call_is_one_graph_launch_with_its_current_arguments(fake_graphs, raw_
 
     log.clear()
     attention.args.q = 0x333  # the next call's pointers: that node set again, no new graph
+    graph.touch()
     graph(stream=5, captured=False)
     assert log == [("set", exe, n1, 0x333), ("launch", exe, 5)]
     log.clear()
@@ -128,8 +129,37 @@ def test_a_call_is_one_graph_launch_with_its_current_arguments(fake_graphs, raw_
     assert log == [("launch", exe, 5)]
     log.clear()
     combine.args.splits = 7  # any byte of the struct, not only the pointers
+    graph.touch()
     graph(stream=5, captured=False)
     assert log == [("set", exe, n2, 0x222), ("launch", exe, 5)]
+    log.clear()
+    graph.touch()  # touched without a change: compared, nothing set
+    graph(stream=5, captured=False)
+    assert log == [("launch", exe, 5)]
+
+
+def test_each_streams_graph_catches_up_with_changes_made_for_another(fake_graphs):
+    """A change packed for one stream's call reaches another stream's graph on its next call,
+    once; untouched calls compare nothing (the owner's `touch` is the only signal)."""
+    attention, combine = _two_launches()
+    graph = L.LaunchGraph([attention, combine])
+    graph(stream=1, captured=False)
+    graph(stream=2, captured=False)
+    execs = {s: g.exe.value for s, g in graph.graphs.items()}
+    nodes = {e[-1] for e in fake_graphs.log if e[0] == "add"}
+    fake_graphs.log.clear()
+    attention.args.q = 0x444
+    graph.touch()
+    graph(stream=1, captured=False)
+    graph(stream=1, captured=False)
+    graph(stream=2, captured=False)
+    sets = [e for e in fake_graphs.log if e[0] == "set"]
+    assert [(e[1], e[3]) for e in sets] == [(execs[1], 0x444), (execs[2], 0x444)]
+    assert {e[2] for e in sets} <= nodes
+    fake_graphs.log.clear()
+    attention.args.q = 0x555  # changed without a touch: not seen (the caller's contract)
+    graph(stream=1, captured=False)
+    assert fake_graphs.log == [("launch", execs[1], 1)]
 
 
 def test_a_capture_launches_the_kernels_one_by_one(fake_graphs, raw_launches):

@@ -352,7 +352,7 @@ def test_cupy_runs_on_a_gpu_no_table_knows(monkeypatch, layout):
     monkeypatch.setattr(cb, "device_info", lambda index: (num_sms, 999))
     cb._loaded.clear()
     nvrtc._announce.cache_clear()
-    registry.get("cupy")._plans.clear()  # a plan holds the module it loaded
+    registry.get("cupy").clear_plans()  # a plan holds the module it loaded
     try:
         g = PRESETS[MAIN_PRESET]
         gen = torch.Generator().manual_seed(15)
@@ -375,4 +375,4 @@ def test_cupy_runs_on_a_gpu_no_table_knows(monkeypatch, layout):
         assert torch.isfinite(out).all() and rel < 1e-2, rel
     finally:
         cb._loaded.clear()  # later tests load modules for the real SM again
-        registry.get("cupy")._plans.clear()
+        registry.get("cupy").clear_plans()

@@ -472,7 +472,7 @@ def launches(planning, monkeypatch):
     calls, stream = [], [7]
     monkeypatch.setattr(launch, "graph_api", lambda: None)  # one by one, as inside a capture
     monkeypatch.setattr(cb.Launch, "__call__",
-                        lambda self, s: calls.append((self, s, self.args.o_part or 0)))
+                        lambda self, s: calls.append((self, s, getattr(self.args, "o_part", 0) or 0)))
     monkeypatch.setattr(cb, "_stream", lambda index: stream[0])
     return cb, backend, calls, stream
 
@@ -645,3 +645,127 @@ def test_runtime_reaches_the_picked_plan_in_one_lookup(planning, monkeypatch):
     assert bindings == ["paged"] * 2 and len(rt._plans) == 1
     with pytest.raises(ValueError, match="max_ctx"):
         rt.paged_attention(*case, max_ctx=10**9)
+
+
+# ---------------------------------------------------------------------------------------------
+# the plan lookup's fast path: each call form's last plan behind a C++ check (kernels.guards)
+
+
+def test_tensor_check_tells_apart_what_a_plan_key_holds():
+    from drafter_attn.kernels import guards
+
+    assert guards.available()  # this torch: the fast path is on
+    recent = guards.RecentPlans()
+    case = paged_case("cpu")
+    recent.put("form", case, "plan")
+    same = tuple(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype) for t in case)
+    assert recent.get("form", same) == "plan" and recent.get("other form", same) is None
+    for i, t in enumerate(case):
+        for what, changed in _variants(t).items():
+            assert recent.get("form", (*case[:i], changed, *case[i + 1:])) is None, (i, what)
+    assert recent.get("form", (case[0], None, *case[2:])) is None  # not a tensor: a miss
+
+
+@pytest.fixture
+def counted_keys(launches, monkeypatch):
+    """`launches` with the slow path's key computations and contract checks counted."""
+    cb, backend, calls, stream = launches
+    from drafter_attn.kernels import contract
+
+    counts = {"key": 0, "check": 0}
+
+    def counting(fn, what):
+        def wrapped(*a, **kw):
+            counts[what] += 1
+            return fn(*a, **kw)
+        return wrapped
+
+    monkeypatch.setattr(cb, "call_key", counting(cb.call_key, "key"))
+    for name in ("check_paged", "check_store_paged"):
+        monkeypatch.setattr(contract, name, counting(getattr(contract, name), "check"))
+    return cb, backend, calls, counts
+
+
+def test_a_call_like_the_last_of_its_form_skips_key_and_checks(counted_keys):
+    cb, backend, calls, counts = counted_keys
+    case = paged_case("cpu")
+    backend.paged_attention(*case)
+    assert counts == {"key": 1, "check": 1} and len(backend._plans) == 1
+    (plan,) = backend._plans.values()
+    fresh = paged_case("cpu", seed=9)  # new tensors, same metadata: new pointers, one plan
+    out = backend.paged_attention(*fresh)
+    assert counts == {"key": 1, "check": 1}
+    assert plan.attention.args.q == fresh[0].data_ptr() and plan.attention.args.out == out.data_ptr()
+    backend.paged_attention(*fresh, mask="sliding", window=30)  # another form: the key path
+    backend.paged_attention(*fresh, out=torch.empty_like(fresh[0]))  # out= is another form too
+    assert counts == {"key": 3, "check": 3} and len(backend._plans) == 3
+    bad = (*fresh[:6], fresh[6].long())  # a property the contract checks: a miss, refused
+    with pytest.raises(ValueError, match="ctx_lens"):
+        backend.paged_attention(*bad)
+    assert counts == {"key": 4, "check": 4}
+    backend.paged_attention(*case)  # the form's last plan is still the first one
+    assert counts == {"key": 4, "check": 4}
+
+
+def test_stores_take_the_fast_path_too(counted_keys):
+    cb, backend, calls, counts = counted_keys
+    case = paged_case("cpu")
+    backend.store_paged(*store_args(case, _num_new(case)))
+    fresh = paged_case("cpu", seed=4)
+    backend.store_paged(*store_args(fresh, _num_new(fresh)))
+    assert counts == {"key": 1, "check": 1}
+    (plan,) = backend._plans.values()
+    assert plan.launch.args.k_new == fresh[1].data_ptr()
+    assert plan.launch.args.ctx_lens == fresh[6].data_ptr()
+    backend.clear_plans()  # plans again (a plan holds its module)
+    backend.store_paged(*store_args(fresh, _num_new(fresh)))
+    assert counts == {"key": 2, "check": 2}
+
+
+def test_full_checks_check_every_call(counted_keys, monkeypatch):
+    cb, backend, calls, counts = counted_keys
+    monkeypatch.setattr(cb, "FULL_CHECKS", True)  # DRAFTER_CHECKS=full
+    case = paged_case("cpu")
+    for _ in range(3):
+        backend.paged_attention(*case)
+        backend.store_paged(*store_args(case, _num_new(case)))
+    assert counts["check"] == 6 and len(backend._plans) == 2
+
+
+def test_arguments_are_packed_only_when_pointers_change(launches):
+    cb, backend, calls, _ = launches
+    case = paged_case("cpu")
+    out = torch.empty_like(case[0])
+    backend.paged_attention(*case, out=out)
+    (plan,) = backend._plans.values()
+    version = plan.launches.version
+    backend.paged_attention(*case, out=out)
+    assert plan.launches.version == version  # same pointers: nothing packed, nothing to set
+    other = torch.empty_like(out)
+    backend.paged_attention(*case, out=other)
+    assert plan.launches.version == version + 1 and plan.attention.args.out == other.data_ptr()
+    if plan.combine is not None:
+        assert plan.combine.args.out == other.data_ptr()
+
+
+def test_runtime_runs_the_last_plan_of_a_form_for_matching_tensors():
+    from drafter_attn.kernels.dispatcher import Dispatcher
+    from drafter_attn.kernels.runtime import Runtime
+
+    rt = Runtime(Dispatcher())
+    case = paged_case("cpu")
+    ran = []
+
+    class Plan:
+        def run(self, *args):
+            ran.append(args)
+            return "planned"
+
+    rt._recent.put(("paged", "full", None, None, None), case, Plan())
+    fresh = paged_case("cpu", seed=5)
+    assert rt.paged_attention(*fresh) == "planned" and ran == [(*fresh, None)]
+    # another form or other metadata: the binding's path (the reference, on CPU tensors)
+    want = reference.paged_attention(*fresh, mask="sliding", window=30)
+    assert torch.equal(rt.paged_attention(*fresh, mask="sliding", window=30), want)
+    wider = (*fresh[:5], torch.zeros(2, 5, dtype=torch.int32), fresh[6])
+    assert torch.is_tensor(rt.paged_attention(*wider)) and len(ran) == 1
