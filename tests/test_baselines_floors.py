@@ -90,6 +90,26 @@ def test_read_floor_kernels_compile(sm):
     assert "UBLKCP" in text and "SYNCS" in text and "LDG.E" in text
 
 
+def test_floor_args_match_the_kernels_parameters():
+    """FloorArgs, passed field by field to both streaming kernels, follows their parameter lists
+    in read_floor.cu: a pointer, a 64-bit count, a pointer."""
+    import ctypes
+    import re
+
+    from drafter_attn.kernels.nvrtc import CUDA_SRC_DIR
+
+    text = (CUDA_SRC_DIR / floors.SOURCE).read_text()
+    found = dict(re.findall(r'__global__ void (?:__launch_bounds__\(\d+\) )?(read_floor_\w+)\('
+                            r'([^)]*)\)', text))
+    assert set(found) == {"read_floor_bulk", "read_floor_ld"}
+    for name, params in found.items():
+        kinds = ["ptr" if "*" in p else p.split()[0] for p in params.split(",")]
+        assert kinds == ["ptr", "u64", "ptr"], name
+    assert [(n, getattr(floors.FloorArgs, n).offset) for n, _ in floors.FloorArgs._fields_] == \
+        [("src", 0), ("n", 8), ("sink", 16)]
+    assert ctypes.sizeof(floors.FloorArgs) == 24
+
+
 def test_sizes():
     assert parse_sizes("2k, 8k,1M,4096") == [2048, 8192, 1 << 20, 4096]
     assert parse_size("1.5k") == 1536

@@ -14,6 +14,7 @@ up, plain 16-byte loads anywhere; the floor is the faster of the two.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from dataclasses import dataclass
 
@@ -41,11 +42,20 @@ class ReadFloor:
                     read_roofline_fraction=self.median_us / median_us if median_us > 0 else None)
 
 
+class FloorArgs(ctypes.Structure):
+    """The streaming kernels' parameters (kernels/cuda/read_floor.cu, both kernels): the source,
+    its size (bytes for `read_floor_bulk`, 16-byte words for `read_floor_ld`) and the sink."""
+
+    _fields_ = [("src", ctypes.c_void_p), ("n", ctypes.c_uint64), ("sink", ctypes.c_void_p)]
+
+
 @functools.cache
 def _kernels(index: int):
-    """(bulk or None, ld) cupy kernels for device `index`."""
+    """(bulk or None, ld, SM count, the module keeping them loaded): the streaming kernels of
+    device `index` as driver function handles."""
     import cupy
     import torch
+    from cuda.bindings import driver
 
     from drafter_attn.kernels.nvrtc import arch_for_sm, compile_cubin
 
@@ -57,40 +67,32 @@ def _kernels(index: int):
         bulk = mod.get_function("read_floor_bulk") if sm >= 90 else None
         if bulk is not None:
             bulk.max_dynamic_shared_size_bytes = STAGES * CHUNK
-        return bulk, mod.get_function("read_floor_ld"), props.multi_processor_count
-
-
-def _launch(fn, grid, block, args, smem=0):
-    """On torch's current stream, so that graph capture follows torch."""
-    import warnings
-
-    import cupy
-    import torch
-
-    stream = torch.cuda.current_stream()
-    with warnings.catch_warnings():  # ExternalStream is deprecated in CuPy 14, still works
-        warnings.simplefilter("ignore", DeprecationWarning)
-        ext = cupy.cuda.ExternalStream(stream.cuda_stream, stream.device_index)
-    with ext:
-        fn(grid, block, args, shared_mem=smem)
+        ld = mod.get_function("read_floor_ld")
+    handle = lambda f: None if f is None else driver.CUfunction(f.kernel.ptr)  # noqa: E731
+    return handle(bulk), handle(ld), props.multi_processor_count, mod
 
 
 def streaming_reads(nbytes: int, device_index: int | None = None):
-    """(name, fn) pairs, each reading a fresh random buffer of `nbytes` once per call."""
-    import numpy as np
+    """(name, fn) pairs, each reading a fresh random buffer of `nbytes` once per call, launched
+    through the driver on torch's current stream (so that graph capture follows torch)."""
     import torch
 
+    from drafter_attn.kernels.launch import Launch
+
     index = torch.cuda.current_device() if device_index is None else device_index
-    bulk, ld, sms = _kernels(index)
+    bulk, ld, sms, _ = _kernels(index)
     n = max(16, nbytes // 16 * 16)
     buf = torch.randint(-2**31, 2**31 - 1, (n // 4,), dtype=torch.int32, device=f"cuda:{index}")
     sink = torch.zeros(1, dtype=torch.int32, device=buf.device)
-    ptr, out = np.uint64(buf.data_ptr()), np.uint64(sink.data_ptr())
-    ways = [("ld", lambda: _launch(ld, (sms * LD_CTAS_PER_SM,), (LD_THREADS,),
-                                    (ptr, np.uint64(n // 16), out)))]
+    ptr, out = buf.data_ptr(), sink.data_ptr()
+
+    def way(func, ctas, threads, count, smem=0):
+        launch = Launch(func, (ctas, 1, 1), (threads, 1, 1), smem, FloorArgs(ptr, count, out))
+        return lambda: launch(torch.cuda.current_stream(index).cuda_stream)
+
+    ways = [("ld", way(ld, sms * LD_CTAS_PER_SM, LD_THREADS, n // 16))]
     if bulk is not None:
-        ways.insert(0, ("bulk", lambda: _launch(bulk, (sms * CTAS_PER_SM,), (32,),
-                                                (ptr, np.uint64(n), out), STAGES * CHUNK)))
+        ways.insert(0, ("bulk", way(bulk, sms * CTAS_PER_SM, 32, n, STAGES * CHUNK)))
     return ways, (buf, sink)
 
 
