@@ -970,7 +970,10 @@ class AttentionPlan:
             o, kp, vp = out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
             part = lse = 0  # no split: the attention writes `out` itself
             if self.combine is not None:
-                part = self._workspace(stream, q.device, captured).data_ptr()
+                work = None if captured else self.workspaces.get(stream)
+                if work is None:
+                    work = self._workspace(stream, q.device, captured)
+                part = work.data_ptr()
                 lse = part + 4 * self.part_elems
             ptrs = (q.data_ptr(), k_blk.data_ptr(), v_blk.data_ptr(), kp, vp, table.data_ptr(),
                     ctx_lens.data_ptr(), o, part, lse)

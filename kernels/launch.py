@@ -206,14 +206,13 @@ class LaunchGraph:
 
     def __call__(self, stream: int, captured: bool) -> None:
         """Launch on `stream`; `captured`: whether that stream is being captured."""
-        graph = None if captured else self.graphs.get(stream)
-        if graph is None and not captured:
-            graph = self._instantiate(stream)
-        if graph is None:
-            for launch in self.launches:
-                launch(stream)
-        else:
-            graph(stream, self.version)
+        if not captured:
+            graph = self.graphs.get(stream) or self._instantiate(stream)
+            if graph is not None:
+                graph(stream, self.version)
+                return
+        for launch in self.launches:
+            launch(stream)
 
     def _instantiate(self, stream: int) -> _Graph | None:
         """The stream's graph, built in the device's context; None (and `no_graph` says why)

@@ -7,7 +7,8 @@ Each round first queues a spin kernel (`torch.cuda._sleep`) long enough to outla
 times CALLS calls: the launches only queue behind it, so the figure is the host's own cost and
 cannot be the GPU's (a round whose stream went idle before its last call is reported, not used).
 Rows: the whole call (backend with checks on and off, without the fast path of kernels.guards,
-`Runtime`, the custom op), then its parts on a planned shape: the plan key, the fast path's
+under torch.inference_mode, FlashInfer's planned `wrapper.run()` (the baseline's host cost on the
+same host), `Runtime`, the custom op), then its parts on a planned shape: the plan key, the fast path's
 tensor check, the output allocation, the stream lookup, the call's kernels as one graph launch
 (kernels.launch, what a call does) and one kernel launched alone.
 Medians over rounds, us per call; the spread is the rounds' p10-p90. Every row is timed in every
@@ -15,6 +16,7 @@ round (interleaved), so the rows compare within one run even when the host's spe
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import sys
@@ -23,7 +25,7 @@ import time
 import torch
 
 from drafter_attn.kernels import cupy_backend as cb
-from drafter_attn.kernels import launch, ops, registry
+from drafter_attn.kernels import baselines, launch, ops, registry
 from drafter_attn.kernels.cache import random_paged_context
 from drafter_attn.kernels.dispatch import Runtime
 from drafter_attn.kernels.presets import MAIN_PRESET, PRESETS
@@ -36,24 +38,28 @@ SLEEP_CYCLES = 200_000_000  # ~0.1 s at the H200's clock: far longer than any ro
 
 def host_us(rows) -> list[tuple[str, float, float, float, int]]:
     """(name, median, p10, p90 us per call, rounds that went idle) of each row (name, fn,
-    checks), timed with the GPU busy. The rows' rounds are interleaved (round r times every
+    checks[, mode]: a context manager factory entered around each round), timed with the GPU
+    busy. The rows' rounds are interleaved (round r times every
     row, in an order rotated by r), so a drift of the host's speed during the run moves every
     row alike."""
     stream = torch.cuda.current_stream()
-    times = {name: [] for name, _, _ in rows}
+    rows = [(*row, contextlib.nullcontext)[:4] for row in rows]
+    times = {name: [] for name, *_ in rows}
     idle = dict.fromkeys(times, 0)
-    for name, fn, checks in rows:  # plans, modules and graphs made before any timing
+    for name, fn, checks, mode in rows:  # plans, modules and graphs made before any timing
         cb.CHECKS = checks
-        fn()
+        with mode():
+            fn()
     torch.cuda.synchronize()
     for r in range(ROUNDS + 2):
-        for name, fn, checks in rows[r % len(rows):] + rows[:r % len(rows)]:
+        for name, fn, checks, mode in rows[r % len(rows):] + rows[:r % len(rows)]:
             cb.CHECKS = checks
             torch.cuda._sleep(SLEEP_CYCLES)
-            t0 = time.perf_counter()
-            for _ in range(CALLS):
-                fn()
-            dt = time.perf_counter() - t0
+            with mode():
+                t0 = time.perf_counter()
+                for _ in range(CALLS):
+                    fn()
+                dt = time.perf_counter() - t0
             if stream.query():  # the spin kernel and every launch finished: not host-bound
                 idle[name] += 1
             elif r >= 2:
@@ -61,7 +67,7 @@ def host_us(rows) -> list[tuple[str, float, float, float, int]]:
             torch.cuda.synchronize()
     cb.CHECKS = True
     result = []
-    for name, _, _ in rows:
+    for name, *_ in rows:
         t = sorted(times[name])
         if not t:
             result.append((name, float("nan"), float("nan"), float("nan"), idle[name]))
@@ -110,6 +116,17 @@ def main() -> None:
     keyed = fresh()
     keyed._recent.enabled = False
     rows.append(("backend call, checks on, key path", lambda: keyed.paged_attention(*args), True))
+    # Engines serve under torch.inference_mode (tensors without autograd bookkeeping): the same
+    # call there, on tensors made there
+    with torch.inference_mode():
+        inf_args = tuple(t.clone() for t in args)
+    inference = fresh()
+    rows.append(("backend call, checks on, inference_mode",
+                 lambda: inference.paged_attention(*inf_args), True, torch.inference_mode))
+    # the baseline's per-call host cost on this host: FlashInfer's planned wrapper.run()
+    if baselines.reason(baselines.FA2, g, 64) is None:
+        fi = baselines.build(baselines.FA2, g, 64, [2048], "cuda")
+        rows.append(("FlashInfer fa2 wrapper.run()", fi.run, True))
     rt = Runtime()
     rows += [("Runtime call", lambda: rt.paged_attention(*args), True),
              ("ops.paged_attention (eager: no op)",
