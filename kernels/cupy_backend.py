@@ -937,6 +937,11 @@ _WORKSPACE_STREAMS = 4
 # them (ctypes structs are writable buffers), and only when they changed since the last call.
 _ATTENTION_PTRS, _COMBINE_PTRS = struct.Struct("10P"), struct.Struct("3P")
 _STORE_PTRS = struct.Struct("7P")
+# The same fields for the C runner (kernels.native): (byte offset, source) with the sources a
+# call's tensors, then an attention's o_part and lse_part.
+_ATTENTION_WRITES = tuple((8 * i, i) for i in range(10))
+_COMBINE_WRITES = ((0, 8), (8, 9), (16, 7))
+_STORE_WRITES = tuple((8 * i, i) for i in range(7))
 
 
 @dataclass
@@ -958,8 +963,12 @@ class AttentionPlan:
     packed: tuple = dataclasses.field(default=(), repr=False, compare=False)  # the last pointers
 
     def __post_init__(self):
+        # the C runner's layout: the call's 8 tensors, then the workspace's two pointers; a TMA
+        # plan re-encodes its tensor maps when the caches move, which only the Python path does
+        layout = None if self.tma is not None else (
+            8, 10, (_ATTENTION_WRITES, _COMBINE_WRITES)[:2 if self.combine else 1])
         self.launches = LaunchGraph([self.attention] + ([self.combine] if self.combine else []),
-                                    self.index)
+                                    self.index, layout)
 
     def run(self, q, k_blk, v_blk, k_cache, v_cache, table, ctx_lens, out):
         if out is None:
@@ -975,6 +984,12 @@ class AttentionPlan:
                     work = self._workspace(stream, q.device, captured)
                 part = work.data_ptr()
                 lse = part + 4 * self.part_elems
+            runner = None if captured else self.launches.runners.get(stream)
+            if runner is not None:  # the stream's graph takes the call in C (kernels.native)
+                runner(stream, q, k_blk, v_blk, k_cache, v_cache, table, ctx_lens, out, part,
+                       lse)
+                self.packed = ()  # the structs hold the runner's pointers now
+                return out
             ptrs = (q.data_ptr(), k_blk.data_ptr(), v_blk.data_ptr(), kp, vp, table.data_ptr(),
                     ctx_lens.data_ptr(), o, part, lse)
             if ptrs != self.packed:  # a decode loop over static buffers packs nothing
@@ -1038,20 +1053,26 @@ class StorePlan:
     packed: tuple = dataclasses.field(default=(), repr=False, compare=False)  # the last pointers
 
     def __post_init__(self):
-        self.launches = (LaunchGraph([self.launch], self.index) if self.launch is not None
-                         else None)
+        self.launches = (LaunchGraph([self.launch], self.index, (7, 7, (_STORE_WRITES,)))
+                         if self.launch is not None else None)
 
     def run(self, k_new, v_new, num_new, k_cache, v_cache, table, ctx_lens):
         if self.launch is None:
             return
         with self.lock:
+            stream = _stream(self.index)
+            runner = self.launches.runners.get(stream)
+            if runner is not None and not capturing():
+                runner(stream, k_new, v_new, num_new, k_cache, v_cache, table, ctx_lens)
+                self.packed = ()
+                return
             ptrs = (k_new.data_ptr(), v_new.data_ptr(), num_new.data_ptr(), k_cache.data_ptr(),
                     v_cache.data_ptr(), table.data_ptr(), ctx_lens.data_ptr())
             if ptrs != self.packed:
                 _STORE_PTRS.pack_into(self.launch.args, 0, *ptrs)
                 self.packed = ptrs
                 self.launches.touch()
-            self.launches(_stream(self.index), capturing())
+            self.launches(stream, capturing())
 
 
 CHECKS = os.environ.get("DRAFTER_CHECKS", "1") != "0"

@@ -13,6 +13,12 @@
   pay no host time, and a graph launched into a capturing stream would be a child graph frozen
   with the arguments of the capture.
 
+- With a `layout` (which pointer of a call goes into which field of which launch), each graph
+  also gets a C runner (kernels.native, kernels/host/graph_runner.c) where one can be built: a
+  stream's later eager calls then hand the call's tensors to it, and it reads their pointers,
+  re-sets the nodes whose pointers changed and launches the graph, in one Python call. A graph
+  with a runner is driven by it alone outside a capture.
+
 Both take libcuda's functions through ctypes with their argument types bound once, which costs
 less than cuda.bindings' wrappers (H200, 2026-11-30: those took 6.5 us of the 29 us a planned
 call took). A graph executable is freed when dropped; one still running is freed by the driver
@@ -139,9 +145,10 @@ class Launch:
 
 class _Graph:
     """One instantiated graph of a LaunchGraph's launches (each node after the one before); its
-    driver objects are destroyed with it (an exec still running is freed when it completes)."""
+    driver objects are destroyed with it (an exec still running is freed when it completes).
+    With a `layout` and the C runner built (kernels.native), `runner` does a call's tail in C."""
 
-    def __init__(self, api: _GraphApi, launches):
+    def __init__(self, api: _GraphApi, launches, layout=None):
         self.nodes = [launch.node_params() for launch in launches]
         graph, exe = _p(), _p()
         _check(api.create(ctypes.byref(graph), 0), "cuGraphCreate")
@@ -161,6 +168,7 @@ class _Graph:
         self._set = [bytes(launch.args) for launch in launches]  # what each node holds
         self.version = None  # the LaunchGraph version the nodes were last compared at
         self._launch, self.exe = api.launch, exe
+        self.runner = _runner(api, exe, handles, self.nodes, launches, layout)
 
     def __call__(self, stream: int, version: int) -> None:
         # After a change to the launches' arguments (`version`, LaunchGraph.touch) a node is set
@@ -179,6 +187,26 @@ class _Graph:
             raise RuntimeError(f"cuGraphLaunch failed: CUresult {err}")
 
 
+def _runner(api, exe, handles, nodes, launches, layout):
+    """The C runner of one graph (kernels/host/graph_runner.c), or None: no layout, the runner
+    not built here, or driver functions that are no C functions (a test's stand-ins)."""
+    if layout is None:
+        return None
+    from drafter_attn.kernels import native
+
+    module = native.graph_runner()
+    if module is None:
+        return None
+    n_tensors, n_sources, writes = layout
+    try:
+        launch, set_params = (ctypes.cast(fn, _p).value for fn in (api.launch, api.set_params))
+    except ctypes.ArgumentError:
+        return None
+    return module.Runner(launch, set_params, exe.value, n_tensors, n_sources,
+                         [(h.value, ctypes.addressof(params), ctypes.addressof(launch_.args), w)
+                          for h, params, launch_, w in zip(handles, nodes, launches, writes)])
+
+
 def _destroy(api: _GraphApi, graph: ctypes.c_void_p, exe: ctypes.c_void_p) -> None:
     if exe:
         api.destroy_exec(exe)
@@ -192,9 +220,16 @@ class LaunchGraph:
     a capture or where the driver has no graph API. Callers serialise calls (a plan's lock):
     the launches' packed arguments are shared."""
 
-    def __init__(self, launches, device: int | None = None):
-        self.launches, self.device = tuple(launches), device
+    def __init__(self, launches, device: int | None = None, layout=None):
+        """`layout`: (n_tensors, n_sources, writes) for the C runner: a call passes n_tensors
+        tensors then n_sources - n_tensors ints, and each launch's `writes` ((byte offset in its
+        packed arguments, source index), ...) say where each one's pointer goes; None: no
+        runner."""
+        self.launches, self.device, self.layout = tuple(launches), device, layout
         self.graphs: dict[int, _Graph] = {}  # by raw stream handle
+        # the C runners of the graphs that have one, by stream: `runners[stream](stream,
+        # *tensors, *ints)` is a whole eager call's launch (the owner's lock held)
+        self.runners: dict[int, object] = {}
         self.no_graph: str | None = None  # why calls launch one by one outside a capture
         self.version = 0  # bumped by `touch`
 
@@ -223,14 +258,18 @@ class LaunchGraph:
         if self.no_graph:
             return None
         if len(self.graphs) >= GRAPH_STREAMS:
-            del self.graphs[next(iter(self.graphs))]  # the oldest stream's
+            oldest = next(iter(self.graphs))
+            del self.graphs[oldest]
+            self.runners.pop(oldest, None)
         try:
             with torch.cuda.device(self.device) if self.device is not None \
                     else contextlib.nullcontext():
-                graph = self.graphs[stream] = _Graph(api, self.launches)
+                graph = self.graphs[stream] = _Graph(api, self.launches, self.layout)
         except RuntimeError as err:  # a call never fails for want of a graph
             self.no_graph = str(err)
             return None
+        if graph.runner is not None:
+            self.runners[stream] = graph.runner
         return graph
 
 

@@ -25,7 +25,7 @@ import time
 import torch
 
 from drafter_attn.kernels import cupy_backend as cb
-from drafter_attn.kernels import baselines, launch, ops, registry
+from drafter_attn.kernels import baselines, launch, native, ops, registry
 from drafter_attn.kernels.cache import random_paged_context
 from drafter_attn.kernels.dispatch import Runtime
 from drafter_attn.kernels.presets import MAIN_PRESET, PRESETS
@@ -112,6 +112,14 @@ def main() -> None:
     assert next(iter(one_by_one._plans.values())).launches.no_graph
     rows.append(("backend call, checks on, one by one", lambda: one_by_one.paged_attention(*args),
                  True))
+    # the same call with the Python tail of kernels.launch instead of the C runner
+    python_tail = fresh()
+    python_tail.paged_attention(*args)
+    for p in python_tail._plans.values():
+        p.launches.runners.clear()
+        p.launches.layout = None
+    rows.append(("backend call, checks on, Python tail", lambda: python_tail.paged_attention(*args),
+                 True))
     # the same call without the fast path (kernels.guards): every call builds the plan key
     keyed = fresh()
     keyed._recent.enabled = False
@@ -138,6 +146,7 @@ def main() -> None:
     plan = next(iter(on._plans.values()))  # the plan of the call without out=
     key_args, extra = (*args, None), ("full", None, None)
     stream = cb._stream(0)
+    part = plan.workspaces[stream].data_ptr() if plan.combine is not None else 0
     rows += [("  part: plan key (checks on)", lambda: cb.call_key("paged", key_args, extra), True),
              ("  part: fast path (tensor check)",
               lambda: on._recent.get(("paged", "full", None, None, None, True), args), True),
@@ -145,13 +154,17 @@ def main() -> None:
              ("  part: current stream handle", lambda: cb._stream(0), True),
              ("  part: plan.run, out given", lambda: plan.run(*args, out), True),
              ("  part: the call's kernels as one graph", lambda: plan.launches(stream, False), True),
+             ("  part: the same through the C runner",
+              lambda: plan.launches.runners[stream](stream, *args, out, part, part + 4 * plan.part_elems),
+              True),
              ("  part: one attention launch", lambda: plan.attention(stream), True)]
     if plan.combine is not None:
         rows.append(("  part: one combine launch", lambda: plan.combine(stream), True))
     rows = host_us(rows)
 
     print(f"host time per call, us ({SPEC}; B=1 ctx 2k, main preset, page 64, splits {plan.splits}; "
-          f"{CALLS} calls x {ROUNDS} rounds behind a spin kernel)")
+          f"{CALLS} calls x {ROUNDS} rounds behind a spin kernel; C runner: "
+          f"{native.unavailable() or 'on'})")
     print(f"{'what':40s} {'median':>8s} {'p10':>7s} {'p90':>7s}  idle rounds")
     for name, med, p10, p90, idle in rows:
         print(f"{name:40s} {med:8.2f} {p10:7.2f} {p90:7.2f}  {idle}")

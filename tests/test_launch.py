@@ -231,7 +231,9 @@ def test_eager_calls_run_as_one_graph_per_stream(spec):
     lens = [700, 3000]
     cache = random_paged_context(geom, lens, 64, "cuda", gen)
     side = torch.cuda.Stream()
-    for n, stream in enumerate([torch.cuda.current_stream(), torch.cuda.current_stream(), side]):
+    here = torch.cuda.current_stream()
+    # each stream's first call builds its graph, later ones go through its C runner
+    for n, stream in enumerate([here, here, side, side, here]):
         q, kb, vb = (torch.randn(len(lens), geom.block_size, h, geom.head_dim, generator=gen)
                      .to("cuda", geom.torch_dtype)
                      for h in (geom.num_q_heads, geom.num_kv_heads, geom.num_kv_heads))
@@ -248,3 +250,6 @@ def test_eager_calls_run_as_one_graph_per_stream(spec):
     assert plan.launches.no_graph is None
     assert set(plan.launches.graphs) == {torch.cuda.current_stream().cuda_stream, side.cuda_stream}
     assert (plan.combine is None) == (spec == "cupy:num_splits=1")
+    from drafter_attn.kernels import native
+
+    assert native.unavailable() is None and set(plan.launches.runners) == set(plan.launches.graphs)

@@ -1,0 +1,185 @@
+"""The C runner of a call's graph launch (kernels/host/graph_runner.c through kernels.native) on
+the CPU: C stand-ins of the driver's two functions see what libcuda would."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+
+import pytest
+import torch
+
+from drafter_attn.kernels import cupy_backend as cb
+from drafter_attn.kernels import launch as L
+from drafter_attn.kernels import native
+
+v = ctypes.c_void_p
+LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, v, v)
+SET = ctypes.CFUNCTYPE(ctypes.c_int, v, v, v)
+
+
+def test_the_runner_builds_here():
+    """CI and the GPU machine have a C compiler and Python's headers: the C path is what runs."""
+    assert native.graph_runner() is not None, native.unavailable()
+    assert native.unavailable() is None
+
+
+class Driver:
+    """cuGraphLaunch and cuGraphExecKernelNodeSetParams as C function pointers that record what
+    they see: (name, exe, stream or node, the node's first two pointer fields)."""
+
+    def __init__(self):
+        self.log, self.fail_set = [], 0
+        self.launch = LAUNCH(lambda exe, stream: self.log.append(("launch", exe, stream)) or 0)
+        self.set_params = SET(self._set)
+        self.args = {}  # node handle -> packed arguments, to read what the node is set with
+
+    def _set(self, exe, node, params):
+        if self.fail_set:
+            return self.fail_set
+        a = self.args[node]
+        self.log.append(("set", exe, node, ctypes.c_void_p.from_address(ctypes.addressof(a)).value,
+                         ctypes.c_void_p.from_address(ctypes.addressof(a) + 8).value))
+        return 0
+
+    def runner(self, nodes, n_tensors, n_sources):
+        for handle, args, _ in nodes:
+            self.args[handle] = args
+        addr = [ctypes.cast(f, v).value for f in (self.launch, self.set_params)]
+        return native.graph_runner().Runner(
+            *addr, 0xE0, n_tensors, n_sources,
+            [(h, 0x1000 + h, ctypes.addressof(a), w) for h, a, w in nodes])
+
+
+def _tensors(n):
+    return [torch.empty(4) for _ in range(n)]
+
+
+def test_runner_sets_only_the_nodes_whose_pointers_changed():
+    drv = Driver()
+    attention, combine = cb.DrafterParams(), cb.CombineArgs()
+    run = drv.runner([(0xA1, attention, cb._ATTENTION_WRITES), (0xB1, combine, cb._COMBINE_WRITES)],
+                     8, 10)
+    ts = _tensors(8)
+    ptr = [t.data_ptr() for t in ts]
+    run(7, *ts, 0x5000, 0x6000)  # first call: every node set
+    assert drv.log == [("set", 0xE0, 0xA1, ptr[0], ptr[1]), ("set", 0xE0, 0xB1, 0x5000, 0x6000),
+                       ("launch", 0xE0, 7)]
+    assert [attention.q, attention.out, attention.o_part, attention.lse_part] == [ptr[0], ptr[7], 0x5000, 0x6000]
+    assert [combine.o_part, combine.lse_part, combine.out] == [0x5000, 0x6000, ptr[7]]
+    drv.log.clear()
+    run(7, *ts, 0x5000, 0x6000)  # nothing changed: the launch alone
+    assert drv.log == [("launch", 0xE0, 7)]
+    drv.log.clear()
+    q = torch.empty(4)
+    run(9, q, *ts[1:], 0x5000, 0x6000)  # q only: the attention node, not the combine
+    assert drv.log == [("set", 0xE0, 0xA1, q.data_ptr(), ptr[1]), ("launch", 0xE0, 9)]
+    drv.log.clear()
+    out = torch.empty(4)
+    run(9, q, *ts[1:7], out, 0x5000, 0x6000)  # out: both take it
+    assert [e[2] for e in drv.log if e[0] == "set"] == [0xA1, 0xB1]
+    assert attention.out == combine.out == out.data_ptr()
+
+
+def test_runner_errors_are_raised_and_the_next_call_sets_again():
+    drv = Driver()
+    args = cb.StoreArgs()
+    run = drv.runner([(0xC1, args, cb._STORE_WRITES)], 7, 7)
+    ts = _tensors(7)
+    drv.fail_set = 700
+    with pytest.raises(RuntimeError, match="cuGraphExecKernelNodeSetParams failed: CUresult 700"):
+        run(3, *ts)
+    drv.fail_set = 0
+    run(3, *ts)
+    assert [e[0] for e in drv.log] == ["set", "launch"]  # not skipped after the failure
+    assert (args.k_new, args.ctx_lens) == (ts[0].data_ptr(), ts[6].data_ptr())
+    with pytest.raises(TypeError, match="8 positional arguments"):
+        run(3, *ts[:6])
+    with pytest.raises(AttributeError):
+        run(3, *ts[:6], 5)  # an int where a tensor goes
+    failing = Driver()
+    failing.launch = LAUNCH(lambda exe, stream: 4)
+    with pytest.raises(RuntimeError, match="cuGraphLaunch failed: CUresult 4"):
+        failing.runner([(0xC2, cb.StoreArgs(), cb._STORE_WRITES)], 7, 7)(3, *ts)
+
+
+def test_runner_rejects_a_bad_layout():
+    drv = Driver()
+    with pytest.raises(ValueError, match="sources below n_sources"):
+        drv.runner([(0xA1, cb.CombineArgs(), ((0, 3),))], 2, 3)
+    with pytest.raises(ValueError, match="n_sources <= 16"):
+        drv.runner([(0xA1, cb.CombineArgs(), ())], 2, 17)
+
+
+def test_runner_writes_match_the_packed_structs():
+    """The runner's (offset, source) layouts are the structs' leading pointer fields."""
+    names = ["q", "k_blk", "v_blk", "k_cache", "v_cache", "table", "ctx_lens", "out", "o_part",
+             "lse_part"]
+    assert [getattr(cb.DrafterParams, n).offset for n in names] == [o for o, _ in cb._ATTENTION_WRITES]
+    assert [getattr(cb.TmaDrafterParams, n).offset for n in names] == [o for o, _ in cb._ATTENTION_WRITES]
+    assert [(getattr(cb.CombineArgs, n).offset, names.index(n)) for n in ("o_part", "lse_part", "out")] \
+        == list(cb._COMBINE_WRITES)
+    store = ["k_new", "v_new", "num_new", "k_cache", "v_cache", "table", "ctx_lens"]
+    assert [(getattr(cb.StoreArgs, n).offset, i) for i, n in enumerate(store)] == list(cb._STORE_WRITES)
+
+
+class CGraphApi:
+    """libcuda's graph functions with C stand-ins for launch and set (so graphs get a runner),
+    Python ones for building (as tests/test_launch.py's FakeGraphApi)."""
+
+    def __init__(self):
+        self.drv, self._next = Driver(), 0x100
+        self.launch, self.set_params = self.drv.launch, self.drv.set_params
+
+    def _handle(self, ref):
+        self._next += 0x10
+        ref._obj.value = self._next
+        return 0
+
+    def create(self, ref, flags):
+        return self._handle(ref)
+
+    def add_kernel(self, ref, graph, deps, count, params):
+        self._handle(ref)
+        self.drv.args[self._next] = ctypes.c_char.from_address(
+            ctypes.c_void_p.from_address(params._obj.kernelParams).value)  # first field's address
+        return 0
+
+    def instantiate(self, ref, graph, flags):
+        return self._handle(ref)
+
+    def destroy_exec(self, exe):
+        return 0
+
+    destroy = destroy_exec
+
+
+def test_planned_calls_run_through_the_runner(monkeypatch):
+    """An attention plan: the first eager call on a stream builds its graph (Python path), later
+    ones go through that graph's runner with the call's pointers; inside a capture, one by one."""
+    api = CGraphApi()
+    raw = ctypes.CFUNCTYPE(ctypes.c_int, *[v] + [ctypes.c_uint] * 7 + [v] * 3)(lambda *a: 0)
+    raw.argtypes = [v] + [ctypes.c_uint] * 7 + [v] * 3
+    monkeypatch.setattr(L, "_driver_launch", lambda: raw)  # no libcuda here
+    monkeypatch.setattr(L, "graph_api", lambda: api)
+    monkeypatch.setattr(cb, "_stream", lambda index: 0x77)
+    monkeypatch.setattr(cb, "capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())  # CPU torch
+    attention = L.Launch(0xA000, (4, 8, 1), (384, 1, 1), 0, cb.DrafterParams())
+    combine = L.Launch(0xB000, (128, 1, 1), (128, 1, 1), 0, cb.CombineArgs())
+    plan = cb.AttentionPlan(0, 4, 64, 8, attention, combine)
+    ts = _tensors(7)
+    out = plan.run(*ts, None)
+    assert plan.launches.no_graph is None and 0x77 in plan.launches.graphs, plan.launches.no_graph
+    exe = plan.launches.graphs[0x77].exe.value
+    assert 0x77 in plan.launches.runners  # built on the Python path, which launched the graph
+    assert api.drv.log == [("launch", exe, 0x77)]
+    api.drv.log.clear()
+    work = plan.workspaces[0x77].data_ptr()
+    out2 = torch.empty(4)
+    assert plan.run(*ts, out2) is out2
+    sets = [e for e in api.drv.log if e[0] == "set"]
+    assert len(sets) == 2 and api.drv.log[-1] == ("launch", exe, 0x77)  # the runner's first call
+    assert attention.args.out == combine.args.out == out2.data_ptr() != out.data_ptr()
+    assert (attention.args.o_part, combine.args.o_part) == (work, work)
+    assert plan.packed == ()  # the Python path packs again next time it runs
