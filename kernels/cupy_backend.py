@@ -5,8 +5,10 @@ stream, on the torch tensors themselves.
 Plan, then run (as FlashInfer splits them): the first call of a shape validates its arguments,
 picks parameters and the split count, loads the variant and packs the kernel arguments (a
 `DrafterParams` struct, kernels/cuda/params.cuh, passed field by field). Every later call of that
-shape is a dict lookup, the pointers and one driver launch of the call's kernels as a graph
-(kernels/launch.py; inside a stream capture, one launch per kernel). Nothing reads a device
+shape is a lookup (one C++ check of the tensors against the last call of the same form,
+kernels/guards.py; else the plan key), the pointers and one driver launch of the call's kernels
+as a graph (kernels/launch.py, its tail in C where kernels/native.py can build it; inside a
+stream capture, one launch per kernel). Nothing reads a device
 value, so a step runs under ``torch.cuda.set_sync_debug_mode("error")`` and captures into a CUDA
 graph; data-dependent work (which tiles a request reads, where a split starts) is decided on the
 device from ``ctx_lens``.
@@ -1140,6 +1142,8 @@ class CupyBackend:
         return dataclasses.replace(self, overrides=tuple(sorted(merged.items())))
 
     # contract ------------------------------------------------------------------------------
+    # The two attention entry points spell out the same few lines rather than share a helper:
+    # they are the per-call hot path, where a Python frame is about 0.1 us of an 8.5 us call.
     def paged_attention(self, q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, *,
                         mask="full", window=None, scale=None, out=None, max_ctx=None):
         args = (q, k_blk, v_blk, k_pages, v_pages, block_table, ctx_lens, out)
