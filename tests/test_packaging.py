@@ -41,6 +41,7 @@ def test_suite_installs_beside_pypi_kernels(venv_with_pypi_kernels):
         "here = pathlib.Path(drafter_attn.kernels.__file__).parent\n"
         "assert here.parent.name == 'drafter_attn' and here != pathlib.Path(kernels.__file__).parent\n"
         "assert (here / 'cuda' / 'drafter_attention.cu').is_file(), 'CUDA sources not shipped'\n"
+        "assert (here / 'host' / 'graph_runner.c').is_file(), 'the C runner source not shipped'\n"
         "tuner = pathlib.Path(drafter_attn.tuner.__file__).parent\n"
         "assert (tuner / 'specs' / 'default.toml').is_file() and (tuner / 'datasheets.toml').is_file()\n"
         "files = [str(f) for f in md.distribution('drafter-attn-suite').files]\n"
