@@ -202,9 +202,13 @@ def _runner(api, exe, handles, nodes, launches, layout):
         launch, set_params = (ctypes.cast(fn, _p).value for fn in (api.launch, api.set_params))
     except ctypes.ArgumentError:
         return None
-    return module.Runner(launch, set_params, exe.value, n_tensors, n_sources,
-                         [(h.value, ctypes.addressof(params), ctypes.addressof(launch_.args), w)
-                          for h, params, launch_, w in zip(handles, nodes, launches, writes)])
+    try:
+        return module.Runner(launch, set_params, exe.value, n_tensors, n_sources,
+                             [(h.value, ctypes.addressof(params), ctypes.addressof(launch_.args),
+                               w) for h, params, launch_, w in zip(handles, nodes, launches,
+                                                                   writes)])
+    except (TypeError, ValueError, OverflowError):  # a layout it cannot take: the Python path
+        return None
 
 
 def _destroy(api: _GraphApi, graph: ctypes.c_void_p, exe: ctypes.c_void_p) -> None:

@@ -214,3 +214,17 @@ def test_planned_calls_run_through_the_runner(monkeypatch):
     assert attention.args.out == combine.args.out == out2.data_ptr() != out.data_ptr()
     assert (attention.args.o_part, combine.args.o_part) == (work, work)
     assert plan.packed == ()  # the Python path packs again next time it runs
+
+
+def test_a_layout_the_runner_refuses_leaves_the_python_path(monkeypatch):
+    if native.graph_runner() is None:
+        pytest.skip(f"no C runner here: {native.unavailable()}")
+    api = CGraphApi()
+    launch = L.Launch.__new__(L.Launch)  # only what a graph node needs
+    launch.func, launch.grid, launch.block, launch.smem = 0xA000, (1, 1, 1), (32, 1, 1), 0
+    launch.args = cb.StoreArgs()
+    launch._ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(launch.args))
+    monkeypatch.setattr(L, "graph_api", lambda: api)
+    graph = L.LaunchGraph([launch], None, (7, 99, (cb._STORE_WRITES,)))  # 99 sources: too many
+    graph(stream=5, captured=False)
+    assert 5 in graph.graphs and not graph.runners and graph.no_graph is None
