@@ -978,7 +978,6 @@ class AttentionPlan:
         with self.lock:  # the packed arguments are shared by every call of this shape
             stream = _stream(self.index)
             captured = capturing()
-            o, kp, vp = out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
             part = lse = 0  # no split: the attention writes `out` itself
             if self.combine is not None:
                 work = None if captured else self.workspaces.get(stream)
@@ -992,6 +991,7 @@ class AttentionPlan:
                        lse)
                 self.packed = ()  # the structs hold the runner's pointers now
                 return out
+            o, kp, vp = out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
             ptrs = (q.data_ptr(), k_blk.data_ptr(), v_blk.data_ptr(), kp, vp, table.data_ptr(),
                     ctx_lens.data_ptr(), o, part, lse)
             if ptrs != self.packed:  # a decode loop over static buffers packs nothing
@@ -1063,8 +1063,9 @@ class StorePlan:
             return
         with self.lock:
             stream = _stream(self.index)
-            runner = self.launches.runners.get(stream)
-            if runner is not None and not capturing():
+            captured = capturing()
+            runner = None if captured else self.launches.runners.get(stream)
+            if runner is not None:
                 runner(stream, k_new, v_new, num_new, k_cache, v_cache, table, ctx_lens)
                 self.packed = ()
                 return
@@ -1074,7 +1075,7 @@ class StorePlan:
                 _STORE_PTRS.pack_into(self.launch.args, 0, *ptrs)
                 self.packed = ptrs
                 self.launches.touch()
-            self.launches(stream, capturing())
+            self.launches(stream, captured)
 
 
 CHECKS = os.environ.get("DRAFTER_CHECKS", "1") != "0"
@@ -1194,7 +1195,7 @@ class CupyBackend:
             if plan is None:
                 plan = self._plan_attention(key, dims, layout, args)
         if form is not None:
-            self._recent.put(form, [t for t in args if t is not None], plan)
+            self._recent.put(form, args if args[7] is not None else args[:7], plan)
         return plan
 
     def planned(self, key):
