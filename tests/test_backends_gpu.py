@@ -164,6 +164,30 @@ def test_forced_split_counts(backend, splits):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page,extra,mask", [(64, 0, "full"), (64, 1, "full"), (64, 30, "sliding"),
+                                             (64, 70, "full"), (16, 5, "sliding_causal")])
+def test_tables_wider_than_the_context(backend, page, extra, mask):
+    """Tables `extra` pages wider than the longest context needs (the unused columns garbage
+    ids) over 16 splits. The ws producer copies each split's first page ids before the context
+    length lands, planned for a context that fills the table: the longest request here takes
+    them from there (shifted by up to a page), a request 30 pages short a part shifted further
+    (every split but the first), 70 pages short none (they are read again); the short requests
+    go the second way."""
+    geom = PRESETS["qwen3-8b-dflash-b16"]
+    geom = geom.with_(mask=mask, window=None if mask == "full" else 700)
+    impl = _backend(backend).with_params(num_splits=16)
+    gen = torch.Generator().manual_seed(page + extra)
+    lens = [4000, 4000 - 3 * page + 1, 900, 0]
+    q, kb, vb = _block_inputs(geom, len(lens), gen)
+    width = -(-max(lens) // page) + extra
+    cache = random_paged_context(geom, lens, page, "cuda", gen, max_pages=width)
+    kw = dict(mask=geom.mask, window=geom.window)
+    ref = reference.paged_attention(q, kb, vb, *cache, **kw)
+    _poison_allocator(q)
+    _assert_close(impl.paged_attention(q, kb, vb, *cache, **kw), ref, geom.dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("profile", ["climbing", "sink"])
 def test_scores_that_move_the_running_max(backend, profile):
     """Keys scaled up along the context make every row's running max climb tile after tile past

@@ -244,6 +244,17 @@ static_assert(PAGE_SIZE == 0 || (PAGE_SIZE & (PAGE_SIZE - 1)) == 0, "page size: 
 
 enum { MASK_FULL = 0, MASK_SLIDING = 1, MASK_SLIDING_CAUSAL = 2 };
 
+// The context tiles [t0, t1) of split `split` of `num_splits` for a context of P keys: the
+// tiles any row can see (row i sees context keys kp > P + i - window under a windowed mask; row
+// 0 has the leftmost edge, so a windowed layer costs O(window), not O(context)), dealt evenly.
+DRAFTER_HD __forceinline__ void split_tiles(int P, int mask_mode, int window, int split,
+                                            int num_splits, int& t0, int& t1) {
+  const int lo = mask_mode != MASK_FULL ? max(0, P - window + 1) : 0;
+  const int t_lo = lo / N, n_ctx = (P + N - 1) / N - t_lo;
+  t0 = t_lo + static_cast<int>(static_cast<long long>(n_ctx) * split / num_splits);
+  t1 = t_lo + static_cast<int>(static_cast<long long>(n_ctx) * (split + 1) / num_splits);
+}
+
 #if WGMMA
 template <int NN>
 struct WgMma;

@@ -122,17 +122,42 @@ __device__ __forceinline__ void ws_attention_body(
   int r_lo = 0, r_end = M;
   if (ROW_SPLIT > 1) row_share(M, ROW_SPLIT, static_cast<int>(blockIdx.x % ROW_SPLIT), r_lo, r_end);
 
-  // this CTA's tiles, as in attention_body: context tiles [t0, t1), then the block if last split
-  const int P = max(0, min(ctx_lens[b], capacity));
-  const bool windowed = mask_mode != MASK_FULL;
-  const int lo = windowed ? max(0, P - window + 1) : 0;
-  const int t_lo = lo / N, t_hi = (P + N - 1) / N;
-  const int n_ctx = t_hi - t_lo;
-  const int t0 = t_lo + static_cast<int>(static_cast<long long>(n_ctx) * split / num_splits);
-  const int t1 = t_lo + static_cast<int>(static_cast<long long>(n_ctx) * (split + 1) / num_splits);
-  const int n_ctx_here = t1 - t0;
-  const int n_iter = n_ctx_here + (split == num_splits - 1 ? 1 : 0);
   const int* trow = table + static_cast<long long>(b) * table_stride;
+  const int len = ctx_lens[b];  // in flight while the producer's warp reads the table
+#if PAGE_SIZE > 0
+  // Before the context length lands, the producer's warp copies into shared memory (cp.async:
+  // nothing waits for it yet) the page ids of this split's share as planned for a full table (a
+  // context of `capacity`) and of the 32 pages before it. A shorter context never starts a
+  // split's share later, and one a few pages short (a table sized to its context) starts it at
+  // most 32 pages earlier: its first 32 ids are then among these 64, and its first tiles' copies
+  // wait for one round trip instead of two (the length, then the ids). Any other split reads
+  // them again once the length is known. The 64 ids sit in the consumers' merge area, which is
+  // first written after the last tile.
+  int* sSpec = reinterpret_cast<int*>(sML);
+  int spec_base = 0;
+  if (warp == 0 && !SKIP_LOADS) {
+    // split_tiles' first tile at P = capacity, in 32-bit arithmetic (its 64-bit division is a
+    // call that makes the consumers spill): a product that wraps only costs a miss
+    const int lo = mask_mode != MASK_FULL ? max(0, capacity - window + 1) : 0;
+    const int t_lo = lo / N, n_ctx = (capacity + N - 1) / N - t_lo;
+    const int s0 = t_lo + static_cast<int>(static_cast<unsigned>(n_ctx) * split / num_splits);
+    spec_base = max(0, s0 * N / PAGE_SIZE - 32);
+    const int p = spec_base + lane;  // never past the table's width (zero-filled there)
+    cp_async_4(sSpec + lane, trow + (p < table_stride ? p : 0), p < table_stride);
+    cp_async_4(sSpec + 32 + lane, trow + (p + 32 < table_stride ? p + 32 : 0), p + 32 < table_stride);
+    cp_async_commit();
+  }
+#else
+  const int slot = warp == 0 && !SKIP_LOADS ? trow[0] : 0;  // the arena slot, read as early
+#endif
+
+  // this CTA's tiles, as in attention_body: context tiles [t0, t1), then the block if last split
+  const int P = max(0, min(len, capacity));
+  int t0, t1;
+  split_tiles(P, mask_mode, window, split, num_splits, t0, t1);
+  const int n_ctx_here = t1 - t0;
+  const bool windowed = mask_mode != MASK_FULL;
+  const int n_iter = n_ctx_here + (split == num_splits - 1 ? 1 : 0);
 
   if (tid == 0) {
 #pragma unroll
@@ -154,15 +179,19 @@ __device__ __forceinline__ void ws_attention_body(
     }
 #if PAGE_SIZE > 0
     // lane L holds the id of the split's page 32 c + L of chunk c (-1 past the context: its
-    // boxes land as zeros), and the next chunk's in flight
+    // boxes land as zeros), and the next chunk's in flight; chunk 0 from the early copies
+    // where they hold it
     const int pbase = t0 * N / PAGE_SIZE, p_end = (P + PAGE_SIZE - 1) / PAGE_SIZE;
     auto chunk_ids = [&](int c) {
       const int p = pbase + 32 * c + lane;
       return p < p_end ? trow[p] : -1;
     };
-    int chunk = 0, ids = chunk_ids(0), ids_next = chunk_ids(1);
-#else
-    const int slot = trow[0];
+    const int shift = pbase - spec_base;
+    cp_async_wait<0>();
+    __syncwarp();
+    int ids = shift >= 0 && shift <= 32 ? (pbase + lane < p_end ? sSpec[shift + lane] : -1)
+                                        : chunk_ids(0);
+    int chunk = 0, ids_next = chunk_ids(1);
 #endif
     for (int v = 0; v < n_iter; ++v) {
       const int s = v % STAGES;
