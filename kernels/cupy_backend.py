@@ -95,6 +95,10 @@ class Params:
     trim: bool = False  # the software-pipelined wgmma path's tile loop trimmed as ws's lean one:
     # descriptors advanced by offsets, the mask behind one branch a tile, O rescaled only when a
     # row's max moves by more than 2^8 (drafter_attention.cu TRIM; `trim_reason`)
+    early_ids: bool = False  # ws only: the producer copies a split's first page ids before the
+    # context length lands, planned for a context that fills the table, and keeps them where the
+    # real share starts among them: one round trip fewer before the first tiles (warp_specialized.cuh
+    # EARLY_IDS; `early_ids_reason`)
 
     @property
     def tensor_maps(self) -> bool:
@@ -305,6 +309,13 @@ def trim_reason(params: Params, head_dim: int, warps: int, sm: int | None = None
     if not params.overlap:
         return "trim=1 trims the software-pipelined wgmma path: it needs overlap=1 or 2"
     return overlap_reason(params, head_dim, warps, sm)
+
+
+def early_ids_reason(params: Params) -> str | None:
+    """Why `params.early_ids` cannot apply (None when it can, or is off): it is the ws producer's."""
+    if params.early_ids and not params.ws:
+        return "early_ids=1 is the warp-specialised producer's (ws=2..4)"
+    return None
 
 
 def ws_reason(params: Params, head_dim: int, warps: int, sm: int | None = None) -> str | None:
@@ -628,7 +639,7 @@ def supports(problem: Problem, params: Params | None = None, sm: int | None = No
     if reason:
         return f"tile_n={params.tile_n} stages={params.stages} {reason}"
     return (overlap_reason(params, g.head_dim, warps, sm) or tma_reason(params, g.head_dim, warps, sm)
-            or trim_reason(params, g.head_dim, warps, sm))
+            or trim_reason(params, g.head_dim, warps, sm) or early_ids_reason(params))
 
 
 def tunables(problem: Problem | None = None) -> dict[str, list]:
@@ -646,6 +657,7 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "ctas_per_sm": [0, 1, 2],
         "ws": [0, 2, 3, 4],
         "trim": [False, True],
+        "early_ids": [False, True],
     }
 
 
@@ -705,6 +717,11 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         if reason:
             raise ValueError(reason)
         defines["TRIM"] = 1
+    if params.early_ids:  # named only when on: the other ws variants keep their defines
+        reason = early_ids_reason(params)
+        if reason:
+            raise ValueError(reason)
+        defines["EARLY_IDS"] = 1
     return defines
 
 

@@ -41,7 +41,9 @@ pytestmark = pytest.mark.gpu
 BACKENDS = ["cupy", "cupy:wgmma=0", "cupy:overlap=1", "cupy:overlap=2", "cupy:tma=1", "cupy:lean=1",
             "cupy:lean=1,wgmma=0", "cupy:ws=2", "cupy:ws=3", "cupy:ws=4",
             "cupy:ws=3,tile_n=32", "cupy:ws=3,tile_n=32,stages=9", "cupy:ws=2,lean=0",
-            "cupy:ws=3,tile_n=32,stages=9,lean=0", "cupy:ws=4,lean=0", "cupy:trim=1",
+            "cupy:ws=3,tile_n=32,stages=9,lean=0", "cupy:ws=4,lean=0",
+            "cupy:ws=2,early_ids=1", "cupy:ws=3,tile_n=32,stages=9,early_ids=1",
+            "cupy:ws=4,early_ids=1", "cupy:trim=1",
             "cupy:combine=1", "cutlass", "cutlass:wgmma=1"]
 
 

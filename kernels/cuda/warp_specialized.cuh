@@ -38,6 +38,9 @@
 #ifndef WS_CONSUMERS
 #define WS_CONSUMERS 2
 #endif
+#ifndef EARLY_IDS
+#define EARLY_IDS 0  // a split's first page ids copied before the context length lands (`early_ids`)
+#endif
 namespace {
 constexpr int WS_THREADS = 128 * (1 + WS_CONSUMERS);
 static_assert(WS_CONSUMERS >= 2 && WS_CONSUMERS <= 4, "WARP_SPEC: 2, 3 or 4 consumer warpgroups");
@@ -85,9 +88,10 @@ __device__ __forceinline__ void regs_up() {
 // CTA an SM (WS_LAUNCH_REGS: 168, 128 or 96 for 2, 3 or 4 consumers); `setmaxnreg.inc` only takes
 // what the producer's `setmaxnreg.dec` gave back, and waits for it forever otherwise. So
 // 128 x 24 + 256 x 240 (2 consumers) = 384 x 168; 128 x 24 + 384 x 160 (3) <= 512 x 128;
-// 128 x 24 + 512 x 112 (4) <= 640 x 96 (120 would hang: found on an H200).
+// 128 x 24 + 512 x 112 (4) <= 640 x 96 (120 would hang: found on an H200). With EARLY_IDS, three
+// and four consumers leave the producer 32 (both sums then equal), where 24 spill at page 128.
 #ifndef WS_PRODUCER_REGS
-#define WS_PRODUCER_REGS 24
+#define WS_PRODUCER_REGS (EARLY_IDS && WS_CONSUMERS > 2 ? 32 : 24)
 #endif
 #ifndef WS_CONSUMER_REGS
 #define WS_CONSUMER_REGS (WS_CONSUMERS == 2 ? 240 : WS_CONSUMERS == 3 ? 160 : 112)
@@ -122,6 +126,7 @@ __device__ __forceinline__ void ws_attention_body(
   int r_lo = 0, r_end = M;
   if (ROW_SPLIT > 1) row_share(M, ROW_SPLIT, static_cast<int>(blockIdx.x % ROW_SPLIT), r_lo, r_end);
 
+#if EARLY_IDS
   const int* trow = table + static_cast<long long>(b) * table_stride;
   const int len = ctx_lens[b];  // in flight while the producer's warp reads the table
 #if PAGE_SIZE > 0
@@ -159,6 +164,20 @@ __device__ __forceinline__ void ws_attention_body(
   const bool windowed = mask_mode != MASK_FULL;
   const int n_iter = n_ctx_here + (split == num_splits - 1 ? 1 : 0);
 
+#else
+  // this CTA's tiles, as in attention_body: context tiles [t0, t1), then the block if last split
+  const int P = max(0, min(ctx_lens[b], capacity));
+  const bool windowed = mask_mode != MASK_FULL;
+  const int lo = windowed ? max(0, P - window + 1) : 0;
+  const int t_lo = lo / N, t_hi = (P + N - 1) / N;
+  const int n_ctx = t_hi - t_lo;
+  const int t0 = t_lo + static_cast<int>(static_cast<long long>(n_ctx) * split / num_splits);
+  const int t1 = t_lo + static_cast<int>(static_cast<long long>(n_ctx) * (split + 1) / num_splits);
+  const int n_ctx_here = t1 - t0;
+  const int n_iter = n_ctx_here + (split == num_splits - 1 ? 1 : 0);
+  const int* trow = table + static_cast<long long>(b) * table_stride;
+
+#endif
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
@@ -179,19 +198,24 @@ __device__ __forceinline__ void ws_attention_body(
     }
 #if PAGE_SIZE > 0
     // lane L holds the id of the split's page 32 c + L of chunk c (-1 past the context: its
-    // boxes land as zeros), and the next chunk's in flight; chunk 0 from the early copies
-    // where they hold it
+    // boxes land as zeros), and the next chunk's in flight
     const int pbase = t0 * N / PAGE_SIZE, p_end = (P + PAGE_SIZE - 1) / PAGE_SIZE;
     auto chunk_ids = [&](int c) {
       const int p = pbase + 32 * c + lane;
       return p < p_end ? trow[p] : -1;
     };
+#if EARLY_IDS  // chunk 0 from the early copies where they hold it
     const int shift = pbase - spec_base;
     cp_async_wait<0>();
     __syncwarp();
     int ids = shift >= 0 && shift <= 32 ? (pbase + lane < p_end ? sSpec[shift + lane] : -1)
                                         : chunk_ids(0);
+#else
+    int ids = chunk_ids(0);
+#endif
     int chunk = 0, ids_next = chunk_ids(1);
+#elif !EARLY_IDS
+    const int slot = trow[0];
 #endif
     for (int v = 0; v < n_iter; ++v) {
       const int s = v % STAGES;
