@@ -111,7 +111,7 @@ class Params:
         warpgroups on the wgmma path (`padded_warps`). `page_size` (None: the arena) adds the
         pipelined path's page-id ring where it has one."""
         if self.ws:
-            return ws_bytes(self.tile_n, self.stages, head_dim, self.ws)
+            return ws_bytes(self.tile_n, self.stages, head_dim, self.ws, self.early_ids)
         cta_warps = padded_warps(warps) if wgmma else warps
         q_warps = cta_warps if self.q_smem else 0
         return (smem_bytes(self.tile_n, self.stages, head_dim, q_warps, wgmma, self.overlap)
@@ -155,13 +155,14 @@ def tma_bytes(stages: int, warps: int) -> int:
     return stages * 8 + warps * 2 * 16 * 4
 
 
-def ws_bytes(tile_n: int, stages: int, head_dim: int, consumers: int) -> int:
+def ws_bytes(tile_n: int, stages: int, head_dim: int, consumers: int,
+             early_ids: bool = False) -> int:
     """Shared memory of the warp-specialised kernel (`ws`, warp_specialized.cuh): the K and V
-    stages, the Q stage (64 rows), a full and an empty barrier a stage and Q's, and 2 KB for
-    the row maxima and sums each consumer but the first hands it (their O goes through their
-    last stages)."""
+    stages, the Q stage (64 rows), a full and an empty barrier a stage and Q's, 2 KB for the
+    row maxima and sums each consumer but the first hands it (their O goes through their last
+    stages), and with `early_ids` the 64 page ids the producer copies first."""
     return (2 * stages * tile_n * head_dim * 2 + 64 * head_dim * 2 + stages * 16 + 8
-            + (consumers - 1) * 4 * 128 * 4)
+            + (consumers - 1) * 4 * 128 * 4 + (64 * 4 if early_ids else 0))
 
 
 def ws_threads(consumers: int) -> int:
@@ -804,7 +805,8 @@ def _load(index: int, defines_items: tuple) -> Module:
     result = compile_variant(defines, device_info(index)[1])
     if defines.get("WARP_SPEC", 0):
         consumers = defines["WS_CONSUMERS"]
-        smem = ws_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"], consumers)
+        smem = ws_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"], consumers,
+                        bool(defines.get("EARLY_IDS", 0)))
         return load_cubin(index, result.cubin_path, smem, ws_threads(consumers))
     smem = smem_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
                       defines["NUM_WARPS"] if defines["Q_SMEM"] else 0, defines["WGMMA"],

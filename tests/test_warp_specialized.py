@@ -183,3 +183,30 @@ def test_lean_consumer_loop_is_shorter_and_branches_once_a_tile(cache_dir, spec,
     branches = {k: sum("BRA" in x["text"] for x in v) for k, v in loops.items()}
     assert branches[1] <= 20 < 100 < branches[0]
     assert spills[1] <= spills[0]
+
+
+def test_early_ids_is_the_producers_and_named_only_when_on():
+    """`early_ids` (opt-in): the EARLY_IDS define and 64 page ids (256 bytes) of shared memory on
+    a ws variant; refused, with the reason, anywhere else; the ws variants without it keep their
+    defines (and so their cubins and the profile's rows)."""
+    plain = registry.from_spec("cupy:ws=3,tile_n=32,stages=9").params_for(_problem(), 90)
+    early = registry.from_spec("cupy:ws=3,tile_n=32,stages=9,early_ids=1").params_for(_problem(), 90)
+    d0 = cb.variant_defines("bfloat16", 128, 64, 16, 4, plain, 90)
+    d1 = cb.variant_defines("bfloat16", 128, 64, 16, 4, early, 90)
+    assert "EARLY_IDS" not in d0 and d1 == {**d0, "EARLY_IDS": 1}
+    assert early.smem_bytes(128, 4, True, 64) == plain.smem_bytes(128, 4, True, 64) + 256
+    assert cb.supports(_problem(), early, 90) is None
+    assert "ws=2..4" in registry.from_spec("cupy:early_ids=1").supports(_problem(), 90)
+    assert cb.tunables()["early_ids"] == [False, True]
+
+
+@pytest.mark.parametrize("ws", ["ws=2", "ws=3,tile_n=32,stages=9", "ws=4"])
+@pytest.mark.parametrize("page", [16, 64, 128, None])
+def test_early_ids_variants_compile_without_spills(cache_dir, ws, page):
+    """The producer keeps what the early copies need in its 24 registers (2 consumers) or 32
+    (3-4, whose consumers leave it those): no spill at head_dim 128 on any page size. (gpt-oss's
+    head_dim 64 at page 128 on 32-key tiles spills 8 bytes in the producer: a chunk address it
+    reads back once every 32 pages.)"""
+    p = registry.from_spec(f"cupy:{ws},early_ids=1").params_for(_problem(page=page), 90)
+    res = cb.compile_variant(cb.variant_defines("bfloat16", 128, page, 16, 4, p, 90), 90)
+    assert res.arch == "sm_90a" and res.spills == 0

@@ -126,6 +126,17 @@ __device__ __forceinline__ void ws_attention_body(
   int r_lo = 0, r_end = M;
   if (ROW_SPLIT > 1) row_share(M, ROW_SPLIT, static_cast<int>(blockIdx.x % ROW_SPLIT), r_lo, r_end);
 
+  // the CTA's Q rows into its Q stage (rows past its share zero-filled): consumer 0's threads,
+  // before anything waits
+  auto q_copies = [&](int ctid) {
+    for (int i = ctid; i < 64 * CPR; i += 128) {
+      const int r = r_lo + i / CPR, col = (i % CPR) * 8;
+      const int qi = min(r / group, qb - 1);
+      const elem_t* src = q + ((static_cast<long long>(b) * qb + qi) * hq + kvh * group + r % group) * D + col;
+      cp_async_16(sQ + q_off(r - r_lo, col), r < r_end ? src : q, r < r_end);
+    }
+    cp_async_commit();
+  };
 #if EARLY_IDS
   const int* trow = table + static_cast<long long>(b) * table_stride;
   const int len = ctx_lens[b];  // in flight while the producer's warp reads the table
@@ -136,11 +147,16 @@ __device__ __forceinline__ void ws_attention_body(
   // split's share later, and one a few pages short (a table sized to its context) starts it at
   // most 32 pages earlier: its first 32 ids are then among these 64, and its first tiles' copies
   // wait for one round trip instead of two (the length, then the ids). Any other split reads
-  // them again once the length is known. The 64 ids sit in the consumers' merge area, which is
-  // first written after the last tile.
-  int* sSpec = reinterpret_cast<int*>(sML);
+  // them again once the length is known. The 64 ids sit after the consumers' merge area (a
+  // consumer without tiles writes that at once).
+  int* sSpec = reinterpret_cast<int*>(sML + (WS_CONSUMERS - 1) * 512);
   int spec_base = 0;
+  if (wg == 1) q_copies(tid - 128);  // consumer 0: Q lands beside the length, not one trip after it
   if (warp == 0 && !SKIP_LOADS) {
+    if (lane == 0) {  // the tensor maps, which the first copies wait for as well
+      tma_prefetch_map(tma_k);
+      tma_prefetch_map(tma_v);
+    }
     // split_tiles' first tile at P = capacity, in 32-bit arithmetic (its 64-bit division is a
     // call that makes the consumers spill): a product that wraps only costs a miss
     const int lo = mask_mode != MASK_FULL ? max(0, capacity - window + 1) : 0;
@@ -153,6 +169,11 @@ __device__ __forceinline__ void ws_attention_body(
     cp_async_commit();
   }
 #else
+  if (wg == 1) q_copies(tid - 128);
+  if (warp == 0 && lane == 0 && !SKIP_LOADS) {
+    tma_prefetch_map(tma_k);
+    tma_prefetch_map(tma_v);
+  }
   const int slot = warp == 0 && !SKIP_LOADS ? trow[0] : 0;  // the arena slot, read as early
 #endif
 
@@ -192,10 +213,12 @@ __device__ __forceinline__ void ws_attention_body(
   if (wg == 0) {  // ---- producer
     regs_down<WS_PRODUCER_REGS>();
     if (warp != 0 || SKIP_LOADS) return;
+#if !EARLY_IDS
     if (lane == 0) {
       tma_prefetch_map(tma_k);
       tma_prefetch_map(tma_v);
     }
+#endif
 #if PAGE_SIZE > 0
     // lane L holds the id of the split's page 32 c + L of chunk c (-1 past the context: its
     // boxes land as zeros), and the next chunk's in flight
@@ -271,15 +294,9 @@ __device__ __forceinline__ void ws_attention_body(
 
   // ---- consumers
   const int c = wg - 1, ctid = tid - 128 * wg, cwarp = ctid >> 5;
-  if (c == 0) {  // the CTA's Q rows (rows past its share zero-filled), issued before the wait
-    for (int i = ctid; i < 64 * CPR; i += 128) {
-      const int r = r_lo + i / CPR, col = (i % CPR) * 8;
-      const int qi = min(r / group, qb - 1);
-      const elem_t* src = q + ((static_cast<long long>(b) * qb + qi) * hq + kvh * group + r % group) * D + col;
-      cp_async_16(sQ + q_off(r - r_lo, col), r < r_end ? src : q, r < r_end);
-    }
-    cp_async_commit();
-  }
+#if !EARLY_IDS  // (there issued before the context length is waited for)
+  if (c == 0) q_copies(ctid);
+#endif
   regs_up<WS_CONSUMER_REGS>();
   if (c == 0) {
     cp_async_wait<0>();
