@@ -49,15 +49,18 @@ def test_shipped_sm90_specs():
     full, rep = load_spec("sm90"), load_spec("sm90-repeat")
     assert list(full.geometries) == list(rep.geometries) == [
         "qwen3-8b-dflash-b16", "gpt-oss-20b-dflash", "dflash2-w2048", "laguna-dflash"]
-    # the repeat spec keeps the thirteen sets it was measured with; sm90 added the six ws sets
-    # and the two trimmed pipelined sets
-    assert full.params["cupy"][:13] == rep.params["cupy"] and len(full.params["cupy"]) == 21
+    # the repeat spec keeps the thirteen sets it was measured with; sm90 added the six ws sets,
+    # the two trimmed pipelined sets and two ws sets with early page ids
+    assert full.params["cupy"][:13] == rep.params["cupy"] and len(full.params["cupy"]) == 23
     assert full.params["cupy"][13:] == [{"ws": 2, "lean": False}, {"ws": 2, "stages": 4, "lean": False},
                                         {"ws": 3, "tile_n": 32, "lean": False},
                                         {"ws": 3, "tile_n": 32, "stages": 9, "lean": False},
                                         {"ws": 3, "tile_n": 32, "lean": True},
                                         {"ws": 3, "tile_n": 32, "stages": 9, "lean": True},
-                                        {"trim": True}, {"tile_n": 32, "stages": 4, "trim": True}]
+                                        {"trim": True}, {"tile_n": 32, "stages": 4, "trim": True},
+                                        {"ws": 3, "tile_n": 32, "lean": True, "early_ids": True},
+                                        {"ws": 3, "tile_n": 32, "stages": 9, "lean": True,
+                                         "early_ids": True}]
     assert full.backends == ["cupy", "cutlass"] and rep.backends == ["cupy"]
     assert full.params["cutlass"] == [{}, {"wgmma": True}]
     assert full.page_sizes == rep.page_sizes == [16, 64, 128] and full.arena and not rep.arena
@@ -65,12 +68,12 @@ def test_shipped_sm90_specs():
     # and `tma = false` each repeat the defaults at one of the two batch ranges (TMA from batch
     # 8 up), `combine = 2` or `combine = 1` the defaults at each key, and `row_split = 1` the
     # defaults but for laguna (whose default deals its 144 rows over 3 CTAs; with `row_split = 1`
-    # it takes the padded path), the two lean sets, the six ws sets and the two trim sets: 18
-    # candidates a key, 19 for laguna
+    # it takes the padded path), the two lean sets, the eight ws sets and the two trim sets: 20
+    # candidates a key, 21 for laguna
     assert len(full.problems()) == 4 * 4 * 14 and max(p.batch * p.ctx_len for _, p in full.problems()) == 1 << 21
     cupy = [c for c in full.candidates() if c.impl == "cupy"]
-    assert len(cupy) == 3 * 56 * 18 + 56 * 19 == 4088
-    assert len(full.candidates()) == 4088 + 224 * 2  # cutlass: both paths at every key
+    assert len(cupy) == 3 * 56 * 20 + 56 * 21 == 4536
+    assert len(full.candidates()) == 4536 + 224 * 2  # cutlass: both paths at every key
     assert len(rep.candidates()) == 3 * 9 * 10 + 9 * 11 == 369
     laguna = [c for c in cupy if c.preset == "laguna-dflash"]
     assert {c.params_dict["row_split"] for c in laguna} == {1, 3}
