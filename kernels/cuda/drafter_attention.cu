@@ -247,6 +247,8 @@ enum { MASK_FULL = 0, MASK_SLIDING = 1, MASK_SLIDING_CAUSAL = 2 };
 // The context tiles [t0, t1) of split `split` of `num_splits` for a context of P keys: the
 // tiles any row can see (row i sees context keys kp > P + i - window under a windowed mask; row
 // 0 has the leftmost edge, so a windowed layer costs O(window), not O(context)), dealt evenly.
+// (attention_body and ws without EARLY_IDS spell it out inline: their machine code is what the
+// profile's rows were measured on.)
 DRAFTER_HD __forceinline__ void split_tiles(int P, int mask_mode, int window, int split,
                                             int num_splits, int& t0, int& t1) {
   const int lo = mask_mode != MASK_FULL ? max(0, P - window + 1) : 0;

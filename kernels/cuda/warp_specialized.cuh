@@ -145,9 +145,10 @@ __device__ __forceinline__ void ws_attention_body(
   // nothing waits for it yet) the page ids of this split's share as planned for a full table (a
   // context of `capacity`) and of the 32 pages before it. A shorter context never starts a
   // split's share later, and one a few pages short (a table sized to its context) starts it at
-  // most 32 pages earlier: its first 32 ids are then among these 64, and its first tiles' copies
-  // wait for one round trip instead of two (the length, then the ids). Any other split reads
-  // them again once the length is known. The 64 ids sit after the consumers' merge area (a
+  // most 32 pages earlier: its first 32 ids are then among these 64. With the tensor maps'
+  // prefetch and Q's copies also issued here, the first tiles' copies go out one round trip
+  // after launch (the length, ids, maps and Q together) instead of two. Any other split reads
+  // its ids again once the length is known. The 64 ids sit after the consumers' merge area (a
   // consumer without tiles writes that at once).
   int* sSpec = reinterpret_cast<int*>(sML + (WS_CONSUMERS - 1) * 512);
   int spec_base = 0;
