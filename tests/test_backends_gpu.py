@@ -30,7 +30,8 @@ pytestmark = pytest.mark.gpu
 # softmax scale into exp2 (tests/test_lean.py), "cupy:ws=2" is the warp-specialised kernel (a
 # producer warpgroup issuing TMA copies, two to four consumer warpgroups, "ws=4" and
 # "ws=3,tile_n=32" on 32-key tiles, each with its consumers' lean tile loop, "lean=0" without it:
-# a mask branch a score, O rescaled every tile; sm_90a only, rows dealt over CTAs of at most 64),
+# a mask branch a score, O rescaled every tile; "early_ids=1" a split's first page ids, Q and
+# the tensor maps fetched before the context length; sm_90a only, rows dealt over CTAs of at most 64),
 # "cupy:trim=1" the pipelined wgmma path's tile loop trimmed as ws's lean one (tests/test_trim.py),
 # "cupy:combine=1" merges
 # the splits with a warp a row (every SM; the tests' shapes pack at most 1024 rows a call, where
@@ -170,8 +171,9 @@ def test_forced_split_counts(backend, splits):
                                              (64, 70, "full"), (16, 5, "sliding_causal")])
 def test_tables_wider_than_the_context(backend, page, extra, mask):
     """Tables `extra` pages wider than the longest context needs (the unused columns garbage
-    ids) over 16 splits. The ws producer copies each split's first page ids before the context
-    length lands, planned for a context that fills the table: the longest request here takes
+    ids) over 16 splits. The ws producer with `early_ids` copies each split's first page ids
+    before the context length lands, planned for a context that fills the table: the longest
+    request here takes
     them from there (shifted by up to a page), a request 30 pages short a part shifted further
     (every split but the first), 70 pages short none (they are read again); the short requests
     go the second way."""

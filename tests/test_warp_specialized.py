@@ -4,8 +4,8 @@ Which shapes and knobs it takes (refused before any kernel runs, with the reason
 and shared memory the host plans for it, and that its sm_90a variants compile (the two-consumer
 ones and three consumers on 32-key tiles without spills; `lean`'s consumer loop, ws's default,
 shorter and with no branch a score). The GPU matrix (tests/test_backends_gpu.py: "cupy:ws=2",
-"=3", "=4", "cupy:ws=3,tile_n=32" in 6 and 9 stages, and three of them with `lean=0`) checks its
-results on an H200.
+"=3", "=4", "cupy:ws=3,tile_n=32" in 6 and 9 stages, three of them with `lean=0` and three with
+`early_ids=1`) checks its results on an H200.
 """
 
 from __future__ import annotations
