@@ -173,10 +173,9 @@ def test_tables_wider_than_the_context(backend, page, extra, mask):
     """Tables `extra` pages wider than the longest context needs (the unused columns garbage
     ids) over 16 splits. The ws producer with `early_ids` copies each split's first page ids
     before the context length lands, planned for a context that fills the table: the longest
-    request here takes
-    them from there (shifted by up to a page), a request 30 pages short a part shifted further
-    (every split but the first), 70 pages short none (they are read again); the short requests
-    go the second way."""
+    request here takes them from there (shifted by up to a page), a request 30 pages short a part
+    shifted further (every split but the first), 70 pages short none (they are read again); the
+    short requests go the second way."""
     geom = PRESETS["qwen3-8b-dflash-b16"]
     geom = geom.with_(mask=mask, window=None if mask == "full" else 700)
     impl = _backend(backend).with_params(num_splits=16)
