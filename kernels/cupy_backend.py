@@ -999,10 +999,7 @@ class AttentionPlan:
             captured = capturing()
             part = lse = 0  # no split: the attention writes `out` itself
             if self.combine is not None:
-                work = None if captured else self.workspaces.get(stream)
-                if work is None:
-                    work = self._workspace(stream, q.device, captured)
-                part = work.data_ptr()
+                part = self._workspace(stream, q.device, captured).data_ptr()
                 lse = part + 4 * self.part_elems
             runner = None if captured else self.launches.runners.get(stream)
             if runner is not None:  # the stream's graph takes the call in C (kernels.native)
