@@ -12,6 +12,10 @@ baselines (kernels.baselines: flashinfer-fa2, flashinfer-fa2-graph, trtllm-xqa) 
 tuner.measure.measure_baseline. Prints a table and writes attention.csv (after every row),
 attention.json and attention.md under --out.
 
+`--impl auto` measures what kernels.Runtime runs: at each point and layout, the pick of the tuned
+table ($DRAFTER_TUNED_TABLE, else the table shipped for this GPU's SM, else the default heuristic);
+the `pick` column names the kernel and parameters that ran.
+
 Ratios of a few percent (paged over arena, one variant over another) drift with the machine
 between measurements minutes apart more than within one. `--rounds N` measures every point's
 columns N times, interleaved (all of a point's kernels, then all again), computes each ratio
@@ -36,9 +40,12 @@ from drafter_attn.kernels import baselines, registry
 from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
 from drafter_attn.kernels.spec import Problem
 
-COLUMNS = ("impl", "layout", "page", "batch", "ctx", "round", "attn_us", "read_floor_us", "x_floor",
+COLUMNS = ("impl", "pick", "layout", "page", "batch", "ctx", "round", "attn_us", "read_floor_us", "x_floor",
            "copy_floor_us", "p10_us", "p90_us", "over_arena", "rel_err", "status", "reason")
 POINT = ["impl", "layout", "page", "batch", "ctx"]
+
+
+AUTO = "auto"
 
 
 def _candidate(spec: str, geometry, layout: str, page: int | None, batch: int, ctx: int, preset: str):
@@ -49,10 +56,35 @@ def _candidate(spec: str, geometry, layout: str, page: int | None, batch: int, c
     return Candidate(problem, name, tuple(sorted(params.items())), None, preset)
 
 
+def runtime_dispatcher(sm: int | None):
+    """(kernels.dispatch.Dispatcher, what it reads) as kernels.Runtime loads it on SM `sm`:
+    $DRAFTER_TUNED_TABLE, else $DRAFTER_DB, else the shipped table (else database), else the
+    default heuristic; one that cannot be used gives the heuristic, and the note says why."""
+    from drafter_attn.bench.decode import load_dispatcher
+    from drafter_attn.kernels.shipped import find_default
+
+    path = find_default(sm)
+    return load_dispatcher(str(path) if path else None)
+
+
+def pick_spec(dispatcher, geometry, layout: str, page: int | None, batch: int, ctx: int, sm: int | None) -> str:
+    """The backend spec (`name:k=v,...`, registry.parse_spec's form) of what the runtime's
+    dispatcher picks for one point; parameters at their backend default are left out."""
+    pick = dispatcher.pick(Problem(geometry.with_(num_layers=1), layout, page, batch, ctx), sm)
+    try:
+        defaults = {k: v[1] for k, v in registry.param_schema(registry.get(pick.impl)).items()}
+    except Exception:  # a backend that cannot be built here: every parameter, as picked
+        defaults = {}
+    params = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) or v is None else v}"
+                      for k, v in sorted(dict(pick.params).items()) if k not in defaults or v != defaults[k])
+    return f"{pick.impl}:{params}" if params else pick.impl
+
+
 def measure_kernel(spec: str, geometry, layout: str, page: int | None, batch: int, ctx: int, *,
-                   reps: int, preset: str, record) -> dict:
+                   reps: int, preset: str, record, label: str | None = None) -> dict:
     """One kernel point: a one-layer step through tuner.measure, recorded; its attention half
-    beside the read floor of the attention's bytes."""
+    beside the read floor of the attention's bytes. The row's impl is `label` (default `spec`),
+    its pick `spec`."""
     import torch
 
     from drafter_attn.tuner import floors, roofline
@@ -61,8 +93,8 @@ def measure_kernel(spec: str, geometry, layout: str, page: int | None, batch: in
     cand = _candidate(spec, geometry, layout, page, batch, ctx, preset)
     result = measure_candidate(cand.to_wire(), reps=reps)
     record(cand, result)
-    row = dict(impl=spec, layout=layout, page=page or 0, batch=batch, ctx=ctx, status=result["status"],
-               reason=result.get("reason"), rel_err=result.get("rel_err"))
+    row = dict(impl=label or spec, pick=spec, layout=layout, page=page or 0, batch=batch, ctx=ctx,
+               status=result["status"], reason=result.get("reason"), rel_err=result.get("rel_err"))
     if result.get("attention_median_us") is not None:  # ok, or a timed diagnostic variant
         attn = result["attention_median_us"]
         nbytes = roofline.call_bytes(geometry, batch, ctx, page)
@@ -82,8 +114,8 @@ def measure_base(name: str, geometry, page: int, batch: int, ctx: int, *, reps: 
     result = measure_baseline(name, geometry, page, batch, ctx, reps=reps, seed=seed)
     cand = Candidate(Problem(geometry.with_(num_layers=1), "paged", page, batch, ctx), name, (), None, preset)
     record(cand, result)
-    row = dict(impl=name, layout="paged", page=page, batch=batch, ctx=ctx, status=result["status"],
-               reason=result.get("reason"))
+    row = dict(impl=name, pick=name, layout="paged", page=page, batch=batch, ctx=ctx,
+               status=result["status"], reason=result.get("reason"))
     if result["status"] == "ok":
         row.update(attn_us=result["median_us"], p10_us=result["p10_us"], p90_us=result["p90_us"],
                    read_floor_us=result["read_floor_us"], x_floor=result["median_us"] / result["read_floor_us"],
@@ -125,7 +157,8 @@ def rounds_summary(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=POINT)
     ok = df.dropna(subset=["attn_us"])
     g = ok.groupby(POINT, sort=False)
-    out = g.agg(rounds=("attn_us", "size"), attn_us=("attn_us", "median"),
+    picked = {"pick": ("pick", "first")} if "pick" in ok else {}  # what `auto` ran
+    out = g.agg(**picked, rounds=("attn_us", "size"), attn_us=("attn_us", "median"),
                 attn_min_us=("attn_us", "min"), attn_max_us=("attn_us", "max"),
                 over_arena=("over_arena", "median"), over_arena_min=("over_arena", "min"),
                 over_arena_max=("over_arena", "max"))
@@ -168,7 +201,8 @@ def parse_args(argv):
                          "e.g. 1x2k,1x8k,8x8k,32x8k")
     ap.add_argument("--impl", default="cupy",
                     help="';'-separated registry names, each optionally with params: "
-                         "'cupy;cupy:tile_n=128,stages=2'")
+                         "'cupy;cupy:tile_n=128,stages=2'; 'auto' is the runtime's tuned pick at "
+                         "each point (the `pick` column names it)")
     ap.add_argument("--baseline", default="auto",
                     help="'auto' (every baseline installed that takes the geometry), 'none', or a "
                          f"comma list of {', '.join(baselines.NAMES)}")
@@ -243,6 +277,9 @@ def main(argv=None) -> int:
                 preset=args.preset, commit=decode.git_commit(),
                 command=" ".join(["python -m drafter_attn.bench.attention_table", *(argv or sys.argv[1:])]),
                 date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    dispatcher, meta["auto"] = runtime_dispatcher(sm) if AUTO in args.impl.split(";") else (None, None)
+    if dispatcher is not None:
+        print(f"auto: {meta['auto']}", flush=True)
     print(f"{meta['gpu_name']} sm{sm}: copy {meta['copy_bw_gbps']:.0f} GB/s (read+write); timing method's "
           f"fixed cost (one-kernel graph) {meta['graph_fixed_us']:.2f} us", flush=True)
     out = Path(args.out) if args.out else None
@@ -274,9 +311,10 @@ def main(argv=None) -> int:
                     floors.read_floor.cache_clear()  # times its floors again (`lowest_floors`)
                 for spec in args.impl.split(";"):
                     for page in [*args.page, None]:
-                        keep(dict(measure_kernel(spec, geometry, "paged" if page else "arena", page,
-                                                 batch, ctx, reps=args.reps, preset=args.preset,
-                                                 record=record), round=rnd))
+                        layout = "paged" if page else "arena"
+                        run = pick_spec(dispatcher, geometry, layout, page, batch, ctx, sm) if spec == AUTO else spec
+                        keep(dict(measure_kernel(run, geometry, layout, page, batch, ctx, reps=args.reps,
+                                                 preset=args.preset, record=record, label=spec), round=rnd))
                 for name in names:
                     for page in args.page:
                         if baselines.reason(name, geometry, page, sm) is None:
@@ -286,7 +324,8 @@ def main(argv=None) -> int:
                                       round=rnd))
             torch.cuda.empty_cache()
     df = with_overheads(lowest_floors(pd.DataFrame(rows)))
-    table = df[[c for c in COLUMNS if c in df and c != "reason" and (c != "round" or args.rounds > 1)]]
+    table = df[[c for c in COLUMNS if c in df and c != "reason" and (c != "round" or args.rounds > 1)
+                and (c != "pick" or (df.pick != df.impl).any())]]
     print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     if out:
         df.to_csv(out / "attention.csv", index=False)
@@ -296,11 +335,14 @@ def main(argv=None) -> int:
             f"# {args.preset} attention, {meta['gpu_name']} (sm{sm}), {meta['date']}\n\n"
             f"copy bandwidth {meta['copy_bw_gbps']:.0f} GB/s, timing fixed cost {meta['graph_fixed_us']:.2f} us, "
             f"commit {meta['commit']}\n\n`{meta['command']}`\n\n"
-            "attn_us: one layer's attention (median of graph replays, cold L2); read_floor_us: a streaming "
+            + (f"auto: {meta['auto']}\n\n" if meta["auto"] else "")
+            + "attn_us: one layer's attention (median of graph replays, cold L2); read_floor_us: a streaming "
             "read of the same bytes timed the same way; x_floor = attn_us / read_floor_us.\n\n"
             + table.to_markdown(index=False, floatfmt=".4g") + "\n")
     if args.rounds > 1:
         summary = rounds_summary(df)
+        if "pick" in summary and (summary.pick == summary.impl).all():
+            summary = summary.drop(columns="pick")
         print(f"\nover {args.rounds} interleaved rounds (ratios taken within a round):")
         print(summary.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
         if out:

@@ -203,7 +203,7 @@ def _measure_console(args):
     return console, echo
 
 
-def _run_plan(p, db, gpu, command: str, label: str, geometry, console, echo):
+def _run_plan(p, db, gpu, command: str, label: str, geometry, console, echo, table=None):
     """Announce the run, measure every step into the database (closed after); (env, rows)."""
     from rich.markup import escape
 
@@ -218,7 +218,8 @@ def _run_plan(p, db, gpu, command: str, label: str, geometry, console, echo):
         echo(f"recording into {db.path}")
         for note in p.notes:
             echo(note)
-        return env, decode.execute(p, db, env, echo=echo)
+        # --impl auto: picks from the database given with --db, else from the runtime's table
+        return env, decode.execute(p, db, env, echo=echo, table=table)
     finally:
         db.close()
 
@@ -276,7 +277,7 @@ def cmd_measure(args, argv) -> int:
     out = _out_dir(command, decode.results_dir(gpu.sm) if args.out is None else args.out)
     db = _open_db(args, command)
     console, echo = _measure_console(args)
-    env, rows = _run_plan(p, db, gpu, command, label, geometry, console, echo)
+    env, rows = _run_plan(p, db, gpu, command, label, geometry, console, echo, table=args.db)
     meta = decode.run_metadata(env, argv)
     title = f"{command}: {label} on {gpu.name} (SM {gpu.sm}), {meta['date'][:10]}"
     summary = _print_results(rows, title, args, console, echo)

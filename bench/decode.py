@@ -279,13 +279,16 @@ class ImplPick:
     summary: str  # how it was picked, without per-problem detail (printed once per group)
 
 
-def load_dispatcher(table=None):
-    """(kernels.dispatch.Dispatcher, what it reads). The table is $DRAFTER_TUNED_TABLE when set,
-    else `table` (bench passes its profile database); one that is missing or unusable gives the
-    dispatcher's default heuristic."""
+def load_dispatcher(table=None, sm: int | None = None):
+    """(kernels.dispatch.Dispatcher, what it reads): $DRAFTER_TUNED_TABLE when set, else `table`
+    (the profile database bench was given with --db), else what kernels.Runtime reads on SM `sm`
+    ($DRAFTER_DB, else the table or database shipped for that SM). One that is missing or
+    unusable gives the dispatcher's default heuristic."""
     from drafter_attn.kernels.dispatcher import CURRENT, Dispatcher
+    from drafter_attn.kernels.shipped import find_default
 
-    source = os.environ.get("DRAFTER_TUNED_TABLE") or table
+    source = os.environ.get("DRAFTER_TUNED_TABLE") or table or find_default(sm)
+    source = str(source) if source else None
     if source is None or not Path(source).exists():
         return Dispatcher(), "kernels.dispatch, default heuristic" + (f" ({source} does not exist)" if source else "")
     try:
@@ -384,9 +387,10 @@ def sync_lines(rows: list[dict]) -> list[str]:
 
 
 def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measure_baseline=None,
-            read_floor=None, echo=print, sweep_id: str | None = None) -> list[dict]:
+            read_floor=None, echo=print, sweep_id: str | None = None, table=None) -> list[dict]:
     """Measure every job of `p` (and the baseline), recording each result in `db` the moment it
     exists; returns the output rows (database columns plus step, label, impl_note, syncs).
+    `--impl auto` picks from `table` (a tuned table or database; see load_dispatcher).
     `read_floor(nbytes)` (default `default_floor()`) is called for every decode step's and
     baseline row's bytes before the first measurement (`floor_sizes`)."""
     from drafter_attn.kernels.spec import Problem
@@ -403,7 +407,7 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
     base_jobs = p.baseline_jobs(env.get("sm"))
     total = len(p.jobs) + len(base_jobs)
     rows = []
-    dispatcher, dispatcher_note = (load_dispatcher(str(db.path)) if "auto" in p.impls else (None, ""))
+    dispatcher, dispatcher_note = load_dispatcher(table, env.get("sm")) if "auto" in p.impls else (None, "")
     picks: dict[tuple, ImplPick] = {}
     counts: dict[tuple, int] = {}
     for job in p.jobs:

@@ -5,6 +5,8 @@ tables do not compile one module after another (CuTe modules take 15-30 s each).
                                                                # PADDED_SPECS add their padded-wgmma cases)
     python scripts/precompile_gpu_matrix.py --table "cupy;cutlass" --no-tests
                                                                # what bench.attention_table loads
+    python scripts/precompile_gpu_matrix.py --table "auto" --shapes 1x2k,8x8k --no-tests
+                                                               # (auto: the runtime's pick per shape)
     python scripts/precompile_gpu_matrix.py --sweep tuner/specs/sm90.toml --no-tests [--db DB]
                                                                # what a tuner sweep of a spec loads
                                                                # (into DB: what it still measures)
@@ -67,15 +69,23 @@ def matrix_jobs(specs, sm):
     return out
 
 
-def table_jobs(specs, preset, pages, sm):
+def table_jobs(specs, preset, pages, sm, shapes=()):
     """drafter_attn.bench.attention_table's variants: `preset` at each page size and the arena (params do
-    not depend on batch or context beyond the split count, a launch argument)."""
+    not depend on batch or context beyond the split count, a launch argument); `auto` is the
+    runtime's pick at each of `shapes` ((batch, ctx) pairs), as the table resolves it."""
+    from drafter_attn.bench import attention_table as at
+
     geom = get_preset(preset).with_(num_layers=1)
+    dispatcher = at.runtime_dispatcher(sm)[0] if at.AUTO in specs else None
     out = set()
     for spec in specs:
-        backend = registry.from_spec(spec)
         for ps in (*pages, None):
-            out.add(_job(backend, Problem(geom, "paged" if ps else "arena", ps, 1, 0), sm))
+            layout = "paged" if ps else "arena"
+            if spec != at.AUTO:
+                out.add(_job(registry.from_spec(spec), Problem(geom, layout, ps, 1, 0), sm))
+            for b, c in shapes if spec == at.AUTO else ():
+                one = at.pick_spec(dispatcher, geom, layout, ps, b, c, sm)
+                out.add(_job(registry.from_spec(one), Problem(geom, layout, ps, b, c), sm))
     return out
 
 
@@ -115,6 +125,7 @@ def main(argv=None):
     ap.add_argument("--table", default="", help="';'-separated specs as bench.attention_table --impl")
     ap.add_argument("--preset", default=MAIN_PRESET)
     ap.add_argument("--page", default="16,64,128")
+    ap.add_argument("--shapes", default="", help="with --table auto: the BxCTX shapes of the table's --shapes")
     ap.add_argument("--sweep", action="append", default=[], metavar="SPEC",
                     help="also every variant of this sweep spec's candidates (repeatable)")
     ap.add_argument("--db", help="with --sweep: leave out the candidates this profile database holds")
@@ -128,7 +139,10 @@ def main(argv=None):
     if not args.no_tests:
         todo |= matrix_jobs(args.specs or matrix.BACKENDS, sm)
     if args.table:
-        todo |= table_jobs(args.table.split(";"), args.preset, [int(p) for p in args.page.split(",")], sm)
+        from drafter_attn.bench.attention_table import shapes
+
+        todo |= table_jobs(args.table.split(";"), args.preset, [int(p) for p in args.page.split(",")], sm,
+                           shapes(args.shapes))
     todo |= sweep_jobs(args.sweep, sm, args.db)
     todo = sorted(j for j in todo if j is not None)
     with ProcessPoolExecutor(os.cpu_count()) as pool:

@@ -241,3 +241,37 @@ def test_time_first_times_each_size_once_and_names_a_failure():
     floors.time_first([3, 2, 3, 1], said.append, floor)
     assert timed == [3, 2, 1]
     assert said == ["read floor of 2 bytes not timed first: RuntimeError: CUDA out of memory"]
+
+
+def test_attention_table_auto_names_the_runtime_pick(monkeypatch):
+    """--impl auto: each point runs the spec of the runtime dispatcher's pick, written in
+    registry.parse_spec's form with the parameters at their default left out, so the `pick`
+    column reproduces exactly what ran; the table comes from where kernels.Runtime reads it."""
+    from pathlib import Path
+
+    from drafter_attn.bench import attention_table as at
+    from drafter_attn.kernels import registry
+    from drafter_attn.kernels.dispatcher import Dispatcher
+    from drafter_attn.kernels.spec import Problem
+
+    shipped = Path(__file__).resolve().parents[1] / "profiles" / "sm90.json"
+    table = Dispatcher.load(shipped)
+    laguna = get_preset("laguna-dflash")
+    specs = set()
+    for geometry, layout, page, batch, ctx in [(MAIN, "paged", 64, 1, 2048), (MAIN, "arena", None, 1, 8192),
+                                               (MAIN, "paged", 128, 32, 8192), (laguna, "paged", 64, 32, 8192)]:
+        pick = table.pick(Problem(geometry.with_(num_layers=1), layout, page, batch, ctx), 90)
+        spec = at.pick_spec(table, geometry, layout, page, batch, ctx, 90)
+        specs.add(spec)
+        name, params = registry.parse_spec(spec)
+        defaults = {k: v[1] for k, v in registry.param_schema(registry.get(name)).items()}
+        assert name == pick.impl and {**defaults, **params} == {**defaults, **dict(pick.params)}
+        assert all(defaults[k] != v for k, v in params.items())
+    assert len(specs) >= 2  # the table picks differently by batch and preset
+    # the heuristic's pick is a spec too
+    assert registry.parse_spec(at.pick_spec(Dispatcher(), MAIN, "paged", 64, 1, 2048, 90))[0] == "cupy"
+    monkeypatch.setenv("DRAFTER_TUNED_TABLE", str(shipped))
+    assert str(shipped) in at.runtime_dispatcher(90)[1]
+    monkeypatch.setenv("DRAFTER_TUNED_TABLE", "/nonexistent/table.json")
+    dispatcher, note = at.runtime_dispatcher(90)
+    assert "default heuristic" in note and "does not exist" in note and not dispatcher.entries

@@ -279,6 +279,24 @@ def test_auto_with_the_real_dispatch_and_an_empty_database(monkeypatch, tmp_path
     assert pick.impl in ("cupy", "reference") and "tier default" in pick.summary
 
 
+def test_auto_without_db_reads_what_the_runtime_reads(monkeypatch, tmp_path):
+    """No $DRAFTER_TUNED_TABLE and no --db: the table shipped for the SM (as kernels.Runtime
+    reads it), not the database bench records into, which may hold only bench's own rows."""
+    from drafter_attn.kernels.shipped import find_default
+
+    monkeypatch.delenv("DRAFTER_TUNED_TABLE", raising=False)
+    monkeypatch.delenv("DRAFTER_DB", raising=False)
+    shipped = find_default(90)
+    assert shipped is not None and shipped.name == "sm90.json"
+    d, note = decode.load_dispatcher(None, sm=90)
+    assert note == f"kernels.dispatch over {shipped}"
+    d, note = decode.load_dispatcher(None, sm=1)  # no table shipped for that SM
+    assert note == "kernels.dispatch, default heuristic" and not d.entries
+    ProfileDB(tmp_path / "p.db").close()  # --db given: its entries (none: the heuristic answers)
+    d, note = decode.load_dispatcher(str(tmp_path / "p.db"), sm=90)
+    assert note == f"kernels.dispatch over {tmp_path / 'p.db'}" and not d.entries
+
+
 def test_explicit_impl_gets_its_full_default_params():
     problem = Problem(get_preset(MAIN_PRESET), "paged", 64, 1, 128)
     pick = decode.resolve_impl("reference", problem)

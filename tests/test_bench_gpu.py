@@ -198,6 +198,31 @@ def test_attention_table_small(tmp_path):
     assert all(r["read_floor_us"] > 0 for r in rows if r["status"] == "ok")
 
 
+def test_attention_table_auto_runs_the_runtime_pick(tmp_path):
+    """--impl auto: each layout's row runs what the runtime's dispatcher picks there, checked
+    against the reference and timed, and its `pick` column is a spec that names that kernel."""
+    from drafter_attn.bench import attention_table
+
+    out = tmp_path / "t"
+    rc = attention_table.main(["--preset", MAIN_PRESET, "--shapes", "1x2k,8x1k", "--page", "64",
+                               "--impl", "auto", "--baseline", "none", "--reps", "5",
+                               "--db", str(tmp_path / "p.db"), "--out", str(out)])
+    assert rc == 0
+    df = pd.read_csv(out / "attention.csv")
+    assert len(df) == 4 and (df.impl == "auto").all() and (df.status == "ok").all()
+    assert (df.rel_err < 2e-2).all() and (df.attn_us > 0).all()
+    major, minor = torch.cuda.get_device_capability(0)
+    dispatcher, _ = attention_table.runtime_dispatcher(major * 10 + minor)
+    geometry = get_preset(MAIN_PRESET)
+    for r in df.itertuples():
+        page = int(r.page) or None
+        assert r.pick == attention_table.pick_spec(dispatcher, geometry, r.layout, page, r.batch, r.ctx,
+                                                   major * 10 + minor)
+        assert registry.parse_spec(r.pick)[0] == dispatcher.pick(
+            Problem(geometry.with_(num_layers=1), r.layout, page, r.batch, r.ctx), major * 10 + minor).impl
+    assert "auto:" in (out / "attention.md").read_text()
+
+
 def test_read_floor_streams_at_hbm_speed():
     """The read floor reads its bytes at least as fast as a device copy moves them (a copy also
     writes), and its bulk-copy and plain-load kernels both run."""
