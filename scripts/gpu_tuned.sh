@@ -51,15 +51,5 @@ done
 tar czf "$OUT/logs.tgz" -C "$OUT" precompile.log small large laguna long decode 2>/dev/null
 rm -rf "$OUT/small" "$OUT/large" "$OUT/laguna" "$OUT/long" "$OUT/decode" "$OUT/precompile.log"
 cat "$OUT/summary.txt"
-for name in small large laguna long; do
-  echo "== $name"; [ -f "$OUT/$name.csv" ] && python3 - "$OUT/$name.csv" <<'EOF'
-import sys, pandas as pd
-df = pd.read_csv(sys.argv[1])
-ok = df.dropna(subset=["attn_us"])
-g = ok.groupby(["impl", "layout", "page", "batch", "ctx"], sort=False).agg(
-    pick=("pick", "first"), us=("attn_us", "median"), floor=("read_floor_us", "min"))
-g["x_floor"] = g.us / g.floor
-print(g.reset_index().to_string(index=False, max_colwidth=60, float_format=lambda x: f"{x:.4g}"))
-EOF
-done
-grep -E "^\s*(│|\|)" "$OUT/decode.txt" 2>/dev/null | head -30
+python3 scripts/table_summary.py $(ls "$OUT"/{small,large,laguna,long}.csv 2>/dev/null)
+grep -E "^\s*(│|\|)|^ (step|decode) " "$OUT/decode.txt" 2>/dev/null | head -30
