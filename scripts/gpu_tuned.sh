@@ -8,7 +8,8 @@
 # 2. main preset, page 64: B=1 2k/8k/32k and B=8 8k, 2 interleaved rounds         -> small.md
 # 3. main preset, page 128: B=32 8k and B=8 32k                                   -> large.md
 # 4. laguna-dflash, page 64: B=8 and B=32 ctx 8k                                  -> laguna.md
-# 5. main preset, page 64: B=1 and B=4 ctx 128k, FlashInfer's per-shape plan      -> long.md
+# 5. main preset, page 64: B=1 and B=4 ctx 128k (LONG: other shapes), FlashInfer's
+#    per-shape plan, LONG_ROUNDS interleaved rounds (1)                            -> long.md
 # 6. bench decode --impl auto,cupy, B=1 and 8 at ctx 8k (the 5-layer step)        -> decode.txt
 # TABLES (default "small large laguna long decode") picks the steps after the tests; SKIP_TESTS=1
 # leaves the tests out.
@@ -17,7 +18,7 @@ source "$(dirname "$0")/gpu_env.sh"
 TOTAL=${TOTAL:-560}
 budgeted_run gpu_tuned
 FI=flashinfer-fa2,flashinfer-fa2-graph
-SMALL="1x2k,1x8k,1x32k,8x8k" LARGE="32x8k,8x32k" LAGUNA="8x8k,32x8k" LONG="1x128k,4x128k"
+SMALL="1x2k,1x8k,1x32k,8x8k" LARGE="32x8k,8x32k" LAGUNA="8x8k,32x8k" LONG=${LONG:-1x128k,4x128k}
 {
   pre() { timeout 120 python3 scripts/precompile_gpu_matrix.py --no-tests --table "auto;cupy" "$@"; }
   pre --page 64 --shapes "$SMALL,$LONG,1x1k,8x1k,1x2k" & pre --page 128 --shapes "$LARGE" &
@@ -36,7 +37,8 @@ want() { [[ " $TABLES " == *" $1 "* ]]; }
 want small && budgeted_table small 170 --shapes "$SMALL" --page 64 --rounds 2 --impl "auto;cupy" --baseline "$FI"
 want large && budgeted_table large 90 --shapes "$LARGE" --page 128 --impl "auto;cupy" --baseline "$FI"
 want laguna && budgeted_table laguna 45 --preset laguna-dflash --shapes "$LAGUNA" --page 64 --impl auto --baseline none
-want long && budgeted_table long 90 --shapes "$LONG" --page 64 --impl "auto;cupy" --baseline flashinfer-fa2
+want long && budgeted_table long "${LONG_S:-90}" --shapes "$LONG" --page 64 --impl "auto;cupy" \
+  --baseline flashinfer-fa2 --rounds "${LONG_ROUNDS:-1}"
 if want decode; then
   # no --db: auto reads the shipped table, as `make bench` does (rows go to profiles/profile.db there)
   timeout -s INT -k 10 "$(clamp 60 $(( $(left) - 15 )) 15)" python3 -m drafter_attn.bench.cli decode --sm 90 \
