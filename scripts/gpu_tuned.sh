@@ -45,13 +45,20 @@ if want decode; then
     --impl auto,cupy --batch 1,8 --ctx 8k --page 64 --baseline none --out "$OUT/decode" > "$OUT/decode.txt" 2>&1
   echo "decode rc=$? after ${SECONDS}s" | tee -a "$OUT/summary.txt"
 fi
+# What comes back (at most 8 files): summary.txt (with the tests' and the decode's picks), the four
+# tables' CSVs, decode.txt and logs.tgz (every markdown table, the logs, the run's database)
 for name in small large laguna long; do
   f="$OUT/$name/attention_rounds.md"; [ -f "$f" ] || f="$OUT/$name/attention.md"
   [ -f "$f" ] && cp "$f" "$OUT/$name.md"
   [ -f "$OUT/$name/attention.csv" ] && cp "$OUT/$name/attention.csv" "$OUT/$name.csv"
 done
-tar czf "$OUT/logs.tgz" -C "$OUT" precompile.log small large laguna long decode 2>/dev/null
-rm -rf "$OUT/small" "$OUT/large" "$OUT/laguna" "$OUT/long" "$OUT/decode" "$OUT/precompile.log"
+[ -f "$OUT/tests.log" ] && tail -n 5 "$OUT/tests.log" >> "$OUT/summary.txt"
+grep -h "impl picked" "$OUT/decode.txt" >> "$OUT/summary.txt" 2>/dev/null
+trap - EXIT
+tar czf "$OUT/logs.tgz" -C "$OUT" precompile.log tests.log small large laguna long decode \
+  $(cd "$OUT" && ls {small,large,laguna,long}.md 2>/dev/null) -C /tmp gpu_tuned.db 2>/dev/null
+rm -rf "$OUT"/{small,large,laguna,long,decode} "$OUT"/{small,large,laguna,long}.md "$OUT/precompile.log" \
+  "$OUT/tests.log" "$OUT/extras.tgz"
 cat "$OUT/summary.txt"
 python3 scripts/table_summary.py $(ls "$OUT"/{small,large,laguna,long}.csv 2>/dev/null)
 grep -E "^\s*(│|\|)|^ (step|decode) " "$OUT/decode.txt" 2>/dev/null | head -30
