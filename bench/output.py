@@ -140,12 +140,19 @@ def _x_floor(r: dict) -> str:
     return f"{median / floor:.2f}x" if _num(floor) and _num(median) and floor > 0 else "-"
 
 
+def _impl(r: dict) -> str:
+    """The implementation a row ran, after the option that chose it when they differ
+    (`auto->cupy`), so `--impl auto,cupy` rows stay apart."""
+    option = r.get("impl_option") or r["impl"]
+    return r["impl"] if option == r["impl"] else f"{option}->{r['impl']}"
+
+
 # (header, justify, cell, view): view None shows in both tables, "wide" only with --wide, "narrow"
 # only without it, "table" only when some row has a --table-capacity table. The default (narrow)
 # set fits a 120-column terminal.
 TABLE_COLUMNS = (
     ("step", "left", lambda r: r["step"] + (f" {_ctx(r['chunk'])}" if r.get("chunk") else ""), None),
-    ("impl", "left", lambda r: r["impl"] + (f" (attn x{r['layers']})" if r.get("scope", "step") != "step" else ""), None),
+    ("impl", "left", lambda r: _impl(r) + (f" (attn x{r['layers']})" if r.get("scope", "step") != "step" else ""), None),
     ("layout", "left", _layout, None),
     ("B", "right", lambda r: str(r["batch"]), None),
     ("ctx", "right", lambda r: _ctx(r["ctx"]), None),
@@ -221,8 +228,7 @@ def write_json(rows: list[dict], meta: dict, settings: dict, path: Path, summary
 def series_label(r: dict) -> str:
     if is_baseline(r["impl"]):
         return f"{r['impl']} page {r['page_size']} (attention x{r['layers']})"
-    impl = r["impl_option"] if r["impl_option"] == r["impl"] else f"{r['impl_option']}->{r['impl']}"
-    return f"{impl} {_layout(r)}"
+    return f"{_impl(r)} {_layout(r)}"
 
 
 def _style(r: dict, pages: list, cmap) -> dict:

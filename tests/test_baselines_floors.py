@@ -275,3 +275,16 @@ def test_attention_table_auto_names_the_runtime_pick(monkeypatch):
     monkeypatch.setenv("DRAFTER_TUNED_TABLE", "/nonexistent/table.json")
     dispatcher, note = at.runtime_dispatcher(90)
     assert "default heuristic" in note and "does not exist" in note and not dispatcher.entries
+
+
+def test_bench_table_tells_auto_rows_from_the_impl_they_picked():
+    """`--impl auto,cupy`: both run cupy, so the table and the plot legend name the option that
+    chose it (`auto->cupy`); a row run by its own name stays as it is."""
+    from rich.console import Console
+
+    rows = [_row(impl_option="auto"), _row()]
+    console = Console(file=io.StringIO(), width=120, record=True)
+    output.print_table(rows, "t", console)
+    lines = [line for line in console.export_text().splitlines() if "decode" in line]
+    assert len(lines) == 2 and "auto->cupy" in lines[0] and "auto" not in lines[1]
+    assert output.series_label(rows[0]) == "auto->cupy paged 128" and output.series_label(rows[1]) == "cupy paged 128"
