@@ -7,12 +7,13 @@ replays, L2 flushed before each).
 If the in-order pool runs at the arena's time, what paging costs there is the scatter of the
 pages over the pool (DRAM and TLB locality), not the kernel's page-table reads.
 
-    python scripts/diag_page_order.py [SPEC ...]     (on a GPU; default: the two kernels below)
+    [ROUNDS=3] python scripts/diag_page_order.py [SPEC ...]     (on a GPU; default: the two kernels below)
 
 Each output is first checked against the torch reference (relative error printed).
 """
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 
@@ -25,7 +26,8 @@ from drafter_attn.tuner import timing
 
 SPECS = sys.argv[1:] or ["cupy:ws=3,tile_n=32,lean=1,stages=6,early_ids=1", "cupy"]
 SHAPES = [(1, 32768), (1, 131072), (8, 8192)]
-PAGE, ROUNDS, REPS = 64, 3, 50
+PAGE, REPS = 64, 50
+ROUNDS = int(os.environ.get("ROUNDS", 3))  # interleaved rounds per point
 
 
 def inputs(geometry, batch, ctx):
