@@ -13,8 +13,8 @@ tuner.measure.measure_baseline. Prints a table and writes attention.csv (after e
 attention.json and attention.md under --out.
 
 `--impl auto` measures what kernels.Runtime runs: at each point and layout, the pick of the tuned
-table ($DRAFTER_TUNED_TABLE, else the table shipped for this GPU's SM, else the default heuristic);
-the `pick` column names the kernel and parameters that ran.
+table ($DRAFTER_TUNED_TABLE, else $DRAFTER_DB, else the table shipped for this GPU's SM, else the
+default heuristic); the `pick` column names the kernel and parameters that ran.
 
 Ratios of a few percent (paged over arena, one variant over another) drift with the machine
 between measurements minutes apart more than within one. `--rounds N` measures every point's
@@ -61,10 +61,8 @@ def runtime_dispatcher(sm: int | None):
     $DRAFTER_TUNED_TABLE, else $DRAFTER_DB, else the shipped table (else database), else the
     default heuristic; one that cannot be used gives the heuristic, and the note says why."""
     from drafter_attn.bench.decode import load_dispatcher
-    from drafter_attn.kernels.shipped import find_default
 
-    path = find_default(sm)
-    return load_dispatcher(str(path) if path else None)
+    return load_dispatcher(None, sm)
 
 
 def pick_spec(dispatcher, geometry, layout: str, page: int | None, batch: int, ctx: int, sm: int | None) -> str:
