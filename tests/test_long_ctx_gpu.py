@@ -154,7 +154,10 @@ def test_hinted_step_captures_without_host_syncs():
     _assert_close(eager, reference.paged_attention(q, kb, vb, kp, vp, table, ctx))
 
 
-@pytest.mark.parametrize("backend", ["cupy", "cupy:wgmma=0"])
+# the default, the portable mma.sync path, and the warp-specialised kernels the sm90 table runs
+# at 128k (tuner/specs/sm90-long.toml)
+@pytest.mark.parametrize("backend", ["cupy", "cupy:wgmma=0", "cupy:ws=3,tile_n=32,lean=1,stages=9",
+                                     "cupy:ws=2,stages=4"])
 @pytest.mark.parametrize("layout", ["paged", "arena"])
 @pytest.mark.parametrize("lens, page", [
     ([131072 + 5], 64),
