@@ -56,26 +56,11 @@ def _candidate(spec: str, geometry, layout: str, page: int | None, batch: int, c
     return Candidate(problem, name, tuple(sorted(params.items())), None, preset)
 
 
-def runtime_dispatcher(sm: int | None):
-    """(kernels.dispatch.Dispatcher, what it reads) as kernels.Runtime loads it on SM `sm`:
-    $DRAFTER_TUNED_TABLE, else $DRAFTER_DB, else the shipped table (else database), else the
-    default heuristic; one that cannot be used gives the heuristic, and the note says why."""
-    from drafter_attn.bench.decode import load_dispatcher
-
-    return load_dispatcher(None, sm)
-
-
 def pick_spec(dispatcher, geometry, layout: str, page: int | None, batch: int, ctx: int, sm: int | None) -> str:
-    """The backend spec (`name:k=v,...`, registry.parse_spec's form) of what the runtime's
-    dispatcher picks for one point; parameters at their backend default are left out."""
+    """The backend spec (registry.format_spec) of what the runtime's dispatcher picks for one
+    point."""
     pick = dispatcher.pick(Problem(geometry.with_(num_layers=1), layout, page, batch, ctx), sm)
-    try:
-        defaults = {k: v[1] for k, v in registry.param_schema(registry.get(pick.impl)).items()}
-    except Exception:  # a backend that cannot be built here: every parameter, as picked
-        defaults = {}
-    params = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) or v is None else v}"
-                      for k, v in sorted(dict(pick.params).items()) if k not in defaults or v != defaults[k])
-    return f"{pick.impl}:{params}" if params else pick.impl
+    return registry.format_spec(pick.impl, pick.params)
 
 
 def measure_kernel(spec: str, geometry, layout: str, page: int | None, batch: int, ctx: int, *,
@@ -275,7 +260,8 @@ def main(argv=None) -> int:
                 preset=args.preset, commit=decode.git_commit(),
                 command=" ".join(["python -m drafter_attn.bench.attention_table", *(argv or sys.argv[1:])]),
                 date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
-    dispatcher, meta["auto"] = runtime_dispatcher(sm) if AUTO in args.impl.split(";") else (None, None)
+    # auto: what kernels.Runtime reads ($DRAFTER_TUNED_TABLE, $DRAFTER_DB, the shipped table)
+    dispatcher, meta["auto"] = decode.load_dispatcher(None, sm) if AUTO in args.impl.split(";") else (None, None)
     if dispatcher is not None:
         print(f"auto: {meta['auto']}", flush=True)
     print(f"{meta['gpu_name']} sm{sm}: copy {meta['copy_bw_gbps']:.0f} GB/s (read+write); timing method's "

@@ -374,6 +374,23 @@ def parse_spec(spec: str) -> tuple[str, dict]:
     return name.strip(), kv
 
 
+def format_spec(name: str, params) -> str:
+    """The backend spec parse_spec reads back as (`name`, the same params), leaving out the
+    parameters at the backend's default (all are kept when the backend cannot be built here).
+
+    Example:
+        >>> format_spec("cupy", {"tile_n": 32, "ws": 3, "wgmma": None, "lean": True, "trim": False})
+        'cupy:lean=true,tile_n=32,ws=3'
+    """
+    try:
+        defaults = {k: v[1] for k, v in param_schema(get(name)).items()}
+    except Exception:  # unavailable here: every parameter, as given
+        defaults = {}
+    text = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) or v is None else v}"
+                    for k, v in sorted(dict(params).items()) if k not in defaults or v != defaults[k])
+    return f"{name}:{text}" if text else name
+
+
 def from_spec(spec: str) -> Backend:
     """A backend from a spec (see parse_spec), bound to its checked parameters (ValueError
     naming a bad one; `BackendUnavailable` when the backend cannot be built here).

@@ -74,9 +74,10 @@ def table_jobs(specs, preset, pages, sm, shapes=()):
     not depend on batch or context beyond the split count, a launch argument); `auto` is the
     runtime's pick at each of `shapes` ((batch, ctx) pairs), as the table resolves it."""
     from drafter_attn.bench import attention_table as at
+    from drafter_attn.bench.decode import load_dispatcher
 
     geom = get_preset(preset).with_(num_layers=1)
-    dispatcher = at.runtime_dispatcher(sm)[0] if at.AUTO in specs else None
+    dispatcher = load_dispatcher(None, sm)[0] if at.AUTO in specs else None
     out = set()
     for spec in specs:
         for ps in (*pages, None):

@@ -271,9 +271,9 @@ def test_attention_table_auto_names_the_runtime_pick(monkeypatch):
     # the heuristic's pick is a spec too
     assert registry.parse_spec(at.pick_spec(Dispatcher(), MAIN, "paged", 64, 1, 2048, 90))[0] == "cupy"
     monkeypatch.setenv("DRAFTER_TUNED_TABLE", str(shipped))
-    assert str(shipped) in at.runtime_dispatcher(90)[1]
+    assert str(shipped) in decode.load_dispatcher(None, 90)[1]
     monkeypatch.setenv("DRAFTER_TUNED_TABLE", "/nonexistent/table.json")
-    dispatcher, note = at.runtime_dispatcher(90)
+    dispatcher, note = decode.load_dispatcher(None, 90)
     assert "default heuristic" in note and "does not exist" in note and not dispatcher.entries
 
 

@@ -201,7 +201,7 @@ def test_attention_table_small(tmp_path):
 def test_attention_table_auto_runs_the_runtime_pick(tmp_path):
     """--impl auto: each layout's row runs what the runtime's dispatcher picks there, checked
     against the reference and timed, and its `pick` column is a spec that names that kernel."""
-    from drafter_attn.bench import attention_table
+    from drafter_attn.bench import attention_table, decode
 
     out = tmp_path / "t"
     rc = attention_table.main(["--preset", MAIN_PRESET, "--shapes", "1x2k,8x1k", "--page", "64",
@@ -212,7 +212,7 @@ def test_attention_table_auto_runs_the_runtime_pick(tmp_path):
     assert len(df) == 4 and (df.impl == "auto").all() and (df.status == "ok").all()
     assert (df.rel_err < 2e-2).all() and (df.attn_us > 0).all()
     major, minor = torch.cuda.get_device_capability(0)
-    dispatcher, _ = attention_table.runtime_dispatcher(major * 10 + minor)
+    dispatcher, _ = decode.load_dispatcher(None, major * 10 + minor)
     geometry = get_preset(MAIN_PRESET)
     for r in df.itertuples():
         page = int(r.page) or None
