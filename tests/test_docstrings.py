@@ -29,7 +29,7 @@ def _contract_inputs() -> dict:
 
 
 @pytest.mark.parametrize("module, examples", [(reference, 4), (contract, 6), (presets, 1), (runtime, 6),
-                                               (ops, 4), (registry, 9), (syncing_store, 1)],
+                                               (ops, 4), (registry, 10), (syncing_store, 1)],
                          ids=["reference", "contract", "presets", "runtime", "ops", "registry", "syncing_store"])
 def test_docstring_examples(module, examples):
     globs = dict(vars(module), torch=torch, get_preset=get_preset,
