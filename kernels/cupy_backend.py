@@ -99,6 +99,9 @@ class Params:
     # context length lands, planned for a context that fills the table, and keeps them where the
     # real share starts among them: one round trip fewer before the first tiles (warp_specialized.cuh
     # EARLY_IDS; `early_ids_reason`)
+    ws_rows: bool = False  # ws only: the consumers deal the CTA's rows (each at most 64) instead of
+    # the tiles, all reading every tile once, each storing its own rows (laguna's 144 as 3 x 48 in
+    # one CTA, where row_split reads each tile once a CTA; warp_specialized.cuh WS_ROWS; `ws_reason`)
 
     @property
     def tensor_maps(self) -> bool:
@@ -111,7 +114,8 @@ class Params:
         warpgroups on the wgmma path (`padded_warps`). `page_size` (None: the arena) adds the
         pipelined path's page-id ring where it has one."""
         if self.ws:
-            return ws_bytes(self.tile_n, self.stages, head_dim, self.ws, self.early_ids)
+            return ws_bytes(self.tile_n, self.stages, head_dim, self.ws, self.early_ids,
+                            self.ws_rows)
         cta_warps = padded_warps(warps) if wgmma else warps
         q_warps = cta_warps if self.q_smem else 0
         return (smem_bytes(self.tile_n, self.stages, head_dim, q_warps, wgmma, self.overlap)
@@ -156,12 +160,14 @@ def tma_bytes(stages: int, warps: int) -> int:
 
 
 def ws_bytes(tile_n: int, stages: int, head_dim: int, consumers: int,
-             early_ids: bool = False) -> int:
+             early_ids: bool = False, ws_rows: bool = False) -> int:
     """Shared memory of the warp-specialised kernel (`ws`, warp_specialized.cuh): the K and V
-    stages, the Q stage (64 rows), a full and an empty barrier a stage and Q's, 2 KB for the
-    row maxima and sums each consumer but the first hands it (their O goes through their last
-    stages), and with `early_ids` the 64 page ids the producer copies first."""
-    return (2 * stages * tile_n * head_dim * 2 + 64 * head_dim * 2 + stages * 16 + 8
+    stages, the Q stage (64 rows; with `ws_rows` one a consumer), a full and an empty barrier a
+    stage and Q's, 2 KB for the row maxima and sums each consumer but the first hands it (their O
+    goes through their last stages), and with `early_ids` the 64 page ids the producer copies
+    first."""
+    q_stages = consumers if ws_rows else 1
+    return (2 * stages * tile_n * head_dim * 2 + q_stages * 64 * head_dim * 2 + stages * 16 + 8
             + (consumers - 1) * 4 * 128 * 4 + (64 * 4 if early_ids else 0))
 
 
@@ -313,35 +319,44 @@ def trim_reason(params: Params, head_dim: int, warps: int, sm: int | None = None
 
 
 def early_ids_reason(params: Params) -> str | None:
-    """Why `params.early_ids` cannot apply (None when it can, or is off): it is the ws producer's."""
+    """Why `params.early_ids` or `params.ws_rows` cannot apply (None when they can, or are off):
+    both are the warp-specialised kernel's."""
     if params.early_ids and not params.ws:
         return "early_ids=1 is the warp-specialised producer's (ws=2..4)"
+    if params.ws_rows and not params.ws:
+        return "ws_rows=1 deals rows over the warp-specialised kernel's consumers (ws=2..4)"
     return None
 
 
 def ws_reason(params: Params, head_dim: int, warps: int, sm: int | None = None) -> str | None:
     """Why `params.ws` cannot apply (None when it can, or is off): 2-4 consumers, sm_90a,
-    consumers of one warpgroup (at most 64 packed rows a CTA; `row_split` deals more), wgmma
-    tiles, stages a multiple of the consumers (with 32-key tiles two a consumer, which its
-    hand-over of O needs); its loads and its Q stage are its own, so none of the pipelined
-    path's knobs (q_smem, overlap, tma); `lean` has a ws meaning of its own."""
+    consumers of one warpgroup (at most 64 packed rows a CTA, `row_split` dealing more; with
+    `ws_rows` 64 a consumer, all in one CTA), wgmma tiles, stages a multiple of the consumers
+    (with 32-key tiles two a consumer, which its hand-over of O needs; `ws_rows` has neither);
+    its loads and its Q stage are its own, so none of the pipelined path's knobs (q_smem,
+    overlap, tma); `lean` has a ws meaning of its own."""
     if not params.ws:
         return None
     if params.ws not in (2, 3, 4):
         return f"ws={params.ws}: 2, 3 or 4 consumer warpgroups (0: off)"
     if sm is not None and sm != 90:
         return f"ws needs sm_90a (TMA, wgmma, setmaxnreg), which SM {sm} does not have"
-    if warps != 4:
+    if params.ws_rows and params.row_split != 1:
+        return f"ws_rows=1 holds all of a split's rows in one CTA: row_split={params.row_split}"
+    if params.ws_rows and warps > 4 * params.ws:
+        return (f"ws_rows=1 gives each of the {params.ws} consumers at most 64 packed query rows "
+                f"(this CTA has {warps} 16-row warps)")
+    if not params.ws_rows and warps != 4:
         return (f"ws takes at most 64 packed query rows a CTA (this one has {warps} 16-row "
-                f"warps); row_split deals more over CTAs")
+                f"warps); row_split deals more over CTAs, ws_rows over the consumers")
     if params.wgmma is not None and not params.wgmma:
         return "ws runs on wgmma: wgmma=0 has no warp-specialised variant"
     if params.tile_n not in (32, 64, 128) or head_dim not in (64, 128):
         return f"ws needs tile_n 32-128 and head_dim 64/128 (tile_n={params.tile_n})"
-    if params.stages < params.ws or params.stages % params.ws:
+    if not params.ws_rows and (params.stages < params.ws or params.stages % params.ws):
         return (f"ws={params.ws} needs stages a multiple of its {params.ws} consumers "
                 f"(stages={params.stages})")
-    if params.tile_n == 32 and params.stages < 2 * params.ws:
+    if not params.ws_rows and params.tile_n == 32 and params.stages < 2 * params.ws:
         # a consumer hands its 64 x head_dim fp32 O to the first through its K/V stages
         return (f"ws with 32-key tiles needs two stages a consumer for the hand-over "
                 f"(stages={params.stages}, ws={params.ws})")
@@ -528,8 +543,11 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
         # and the lean consumer loop (H200: 3-12% faster at B=1-8 on dflash2, gpt-oss and page 16;
         # the tuned pick at 66 of the sm90 profile's 224 keys; results/perf-notes.md, "The ws
         # consumers' tile loop, trimmed")
-        overrides = {**(WS4_TILE if overrides["ws"] == 4 else {"stages": WS_STAGES}), "lean": True,
-                     **overrides}
+        four = overrides["ws"] == 4 and not overrides.get("ws_rows")
+        overrides = {**(WS4_TILE if four else {"stages": WS_STAGES}), "lean": True, **overrides}
+        if overrides.get("ws_rows"):  # every row in one CTA (a Q stage a consumer): 32-key
+            # tiles (four consumers' O fits only beside their scores), not the many-warp q_smem
+            overrides = {"tile_n": 32, "q_smem": False, "row_split": 1, **overrides}
         if problem is not None and "row_split" not in overrides:
             g = problem.geometry  # consumers of one warpgroup: at most 64 rows a CTA
             overrides["row_split"] = -(-g.block_size * g.group // 64)
@@ -659,6 +677,7 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "ws": [0, 2, 3, 4],
         "trim": [False, True],
         "early_ids": [False, True],
+        "ws_rows": [False, True],
     }
 
 
@@ -691,9 +710,11 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
     if reason:
         raise ValueError(reason)
     warps = num_warps(block_size, group, row_split=params.row_split)
-    wgmma = use_wgmma(params, head_dim, warps, sm)
+    # ws_rows: each consumer is a one-warpgroup CTA's math (ws_reason bounds its rows)
+    cta_warps = 4 if params.ws and params.ws_rows else warps
+    wgmma = use_wgmma(params, head_dim, cta_warps, sm)
     defines = dict(common_defines(dtype, head_dim, page_size, block_size, group, params, wgmma,
-                                  padded_warps(warps) if wgmma else warps),
+                                  padded_warps(cta_warps) if wgmma else cta_warps),
                    SKIP_COMPUTE=int(params.skip_compute), SKIP_LOADS=int(params.skip_loads))
     if params.overlap:  # named only when on: the default variants keep their defines (and labels)
         defines["OVERLAP"] = int(params.overlap)
@@ -713,15 +734,18 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         if reason:
             raise ValueError(reason)
         defines.update(WARP_SPEC=1, TMA_LOADS=1, WS_CONSUMERS=params.ws)
+        if params.ws_rows:  # named only when on: the other ws variants keep their defines
+            defines["WS_ROWS"] = 1
     if params.trim:  # named only when on: the other variants keep their defines
         reason = trim_reason(params, head_dim, warps, sm)
         if reason:
             raise ValueError(reason)
         defines["TRIM"] = 1
-    if params.early_ids:  # named only when on: the other ws variants keep their defines
+    if params.early_ids or params.ws_rows:  # ws's own knobs
         reason = early_ids_reason(params)
         if reason:
             raise ValueError(reason)
+    if params.early_ids:  # named only when on: the other ws variants keep their defines
         defines["EARLY_IDS"] = 1
     return defines
 
@@ -806,7 +830,7 @@ def _load(index: int, defines_items: tuple) -> Module:
     if defines.get("WARP_SPEC", 0):
         consumers = defines["WS_CONSUMERS"]
         smem = ws_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"], consumers,
-                        bool(defines.get("EARLY_IDS", 0)))
+                        bool(defines.get("EARLY_IDS", 0)), bool(defines.get("WS_ROWS", 0)))
         return load_cubin(index, result.cubin_path, smem, ws_threads(consumers))
     smem = smem_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
                       defines["NUM_WARPS"] if defines["Q_SMEM"] else 0, defines["WGMMA"],

@@ -48,10 +48,11 @@ def matrix_jobs(specs, sm):
     for spec in specs:
         backend = registry.from_spec(spec)
         kern = backend.family
-        # a padded-wgmma or row-split spec outside BACKENDS runs only its own cases
-        # (test_padded_wgmma_*, test_row_split_*)
+        # a padded-wgmma, row-split or ws_rows spec outside BACKENDS runs only its own cases
+        # (test_padded_wgmma_*, test_row_split_*, test_ws_rows_*)
         own = [cases() for specs, cases in ((matrix.PADDED_SPECS, matrix._padded_cases),
-                                            (matrix.ROW_SPLIT_SPECS, matrix._row_split_cases))
+                                            (matrix.ROW_SPLIT_SPECS, matrix._row_split_cases),
+                                            (matrix.WS_ROWS_SPECS, matrix._ws_rows_cases))
                if spec in specs]
         cases = matrix._cases() if spec in matrix.BACKENDS or not own else []
         cases = cases + [case for group in own for case in group]

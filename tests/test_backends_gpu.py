@@ -597,3 +597,52 @@ def test_row_split_forced_splits(splits, geom):
     _assert_close(impl.paged_attention(q, kb, vb, *cache, **kw), ref, geom.dtype)
     (plan,) = impl._plans.values()
     assert plan.attention.grid == (3 * splits, geom.num_kv_heads, len(lens))
+
+
+# ---------------------------------------------------------------------------------------------
+# a split's rows dealt over the ws consumers of one CTA (`ws_rows`, issue 12: laguna's 144 rows
+# as 3 consumers of 48, each tile read once for all of them, each consumer storing its own rows)
+
+# Specs: three consumers in 6 stages (the default) and in 9 with early_ids; two consumers (up to
+# 128 rows: laguna and GQA 12 are refused, which the matrix checks too).
+WS_ROWS_SPECS = ["cupy:ws=3,ws_rows=1", "cupy:ws=3,ws_rows=1,stages=9,early_ids=1",
+                 "cupy:ws=2,ws_rows=1"]
+
+
+def _ws_rows_cases():
+    return _random_cases(ROW_SPLIT_GEOMETRIES, 30, 14, pages=[8, 16, 64, 128, None, 32, 256],
+                         windows=lambda bs: [1, bs - 1, 37, 512, 5000],
+                         short_lens=lambda p: [0, 1, p - 1, p, p + 1, 2 * p + 3, 31, 33],
+                         fp16_every=4, long_at=(10, 3))
+
+
+@pytest.mark.parametrize("spec", WS_ROWS_SPECS)
+@pytest.mark.parametrize("geom,page,lens,seed", _ws_rows_cases())
+def test_ws_rows_matches_reference(spec, geom, page, lens, seed):
+    """Every consumer stores its own rows, none twice, none missing (poisoned output); shapes
+    whose rows do not fit the consumers are refused before any kernel runs."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the warp-specialised kernel is sm_90a's")
+    layout = "paged" if page else "arena"
+    test_attention_matches_reference(spec, layout, geom, page, lens, seed)
+
+
+@pytest.mark.parametrize("splits", [2, 5])
+@pytest.mark.parametrize("geom", [PRESETS["laguna-dflash"], PADDED_GEOMETRIES[3]],
+                         ids=["laguna", "qb12g9"])
+def test_ws_rows_forced_splits(splits, geom):
+    """Split-KV partials of the ws_rows consumers (each its rows' partials) through the combine;
+    one CTA a split (no row_split)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the warp-specialised kernel is sm_90a's")
+    impl = _backend("cupy:ws=3,ws_rows=1").with_params(num_splits=splits)
+    gen = torch.Generator().manual_seed(splits)
+    lens = [0, 5, 700, 4097]
+    q, kb, vb = _block_inputs(geom, len(lens), gen)
+    cache = random_paged_context(geom, lens, 64, "cuda", gen)
+    kw = dict(mask=geom.mask, window=geom.window)
+    ref = reference.paged_attention(q, kb, vb, *cache, **kw)
+    _poison_allocator(q)
+    _assert_close(impl.paged_attention(q, kb, vb, *cache, **kw), ref, geom.dtype)
+    (plan,) = impl._plans.values()
+    assert plan.attention.grid == (splits, geom.num_kv_heads, len(lens))

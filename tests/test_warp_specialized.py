@@ -210,3 +210,49 @@ def test_early_ids_variants_compile_without_spills(cache_dir, ws, page):
     p = registry.from_spec(f"cupy:{ws},early_ids=1").params_for(_problem(page=page), 90)
     res = cb.compile_variant(cb.variant_defines("bfloat16", 128, page, 16, 4, p, 90), 90)
     assert res.arch == "sm_90a" and res.spills == 0
+
+
+def test_ws_rows_holds_a_splits_rows_in_one_cta():
+    """`ws_rows` (opt-in): laguna's 144 rows in one CTA as 3 consumers of 48, a Q stage each, on
+    32-key tiles in 6 stages (no row_split, none of the many-warp CTAs' q_smem); the WS_ROWS
+    define only when on, so the other ws variants keep their cubins and profile rows."""
+    g = get_preset("laguna-dflash")
+    backend = registry.from_spec("cupy:ws=3,ws_rows=1")
+    p = backend.params_for(_problem("laguna-dflash", batch=32), 90)
+    assert (p.ws, p.ws_rows, p.row_split, p.tile_n, p.stages, p.q_smem, p.lean) == (
+        3, True, 1, 32, cb.WS_STAGES, False, True)
+    assert backend.supports(_problem("laguna-dflash", batch=32), 90) is None
+    d = cb.variant_defines("bfloat16", 128, 64, g.block_size, g.group, p, 90)
+    assert (d["WS_ROWS"], d["WS_CONSUMERS"], d["NUM_WARPS"], d["WGMMA"]) == (1, 3, 4, 1)
+    assert "ROW_SPLIT" not in d and "Q_SMEM" in d and d["Q_SMEM"] == 0
+    # 6 stages of 32-key K and V tiles, three Q stages, barriers, the (unused) row statistics
+    assert p.smem_bytes(128, 9, True, 64) == (6 * 2 * 32 * 128 * 2 + 3 * 64 * 128 * 2 + 6 * 16 + 8
+                                              + 2 * 2048)
+    plain = registry.from_spec("cupy:ws=3,tile_n=32").params_for(_problem(), 90)
+    assert "WS_ROWS" not in cb.variant_defines("bfloat16", 128, 64, 16, 4, plain, 90)
+    assert cb.tunables()["ws_rows"] == [False, True]
+
+
+@pytest.mark.parametrize("spec,preset,words", [
+    ("cupy:ws_rows=1", "laguna-dflash", "ws=2..4"),
+    # two consumers hold at most 128 rows
+    ("cupy:ws=2,ws_rows=1", "laguna-dflash", "at most 64 packed query rows"),
+    ("cupy:ws=3,ws_rows=1,row_split=3", "laguna-dflash", "row_split=3"),
+])
+def test_ws_rows_refusals_say_why(spec, preset, words):
+    assert words in registry.from_spec(spec).supports(_problem(preset), 90)
+
+
+@pytest.mark.parametrize("preset", ["laguna-dflash", "qwen3-coder-30b-dflash"])
+@pytest.mark.parametrize("stages", [6, 9])
+@pytest.mark.parametrize("page", [16, 64, None])
+def test_ws_rows_variants_compile_without_spills(cache_dir, preset, stages, page):
+    """Three consumers of up to 64 rows (laguna 3 x 48, qwen3-coder 43 + 43 + 42) keep ws=3's 160
+    registers on 32-key tiles: no spill, sm_90a, 512 threads at 128 at launch."""
+    g = get_preset(preset)
+    p = registry.from_spec(f"cupy:ws=3,ws_rows=1,stages={stages}").params_for(
+        _problem(preset, page=page), 90)
+    res = cb.compile_variant(cb.variant_defines("bfloat16", 128, page, g.block_size, g.group, p, 90),
+                             90)
+    assert res.arch == "sm_90a" and res.spills == 0
+    assert res.resources["drafter_attention"].registers <= 128

@@ -33,6 +33,11 @@
 // where 32-key stages are too small), and consumer 0 merges them and writes the output or the
 // split's partial, as the other paths do. Rows: at most 64 a CTA (one wgmma M tile; ROW_SPLIT
 // deals more over CTAs).
+// WS_ROWS (`ws_rows`) deals the rows instead of the tiles: consumer c holds its share of the
+// CTA's rows (row_share: laguna's 144 as 3 x 48, each padded to one 64-row wgmma tile) in a Q
+// stage of its own, every consumer reads every tile (a stage is free once all have read it), and
+// each stores its own rows, with no hand-over. A tile then leaves DRAM once for all the rows of
+// its (request, KV head), where ROW_SPLIT's CTAs read it once each (all but the first from L2).
 #pragma once
 
 #ifndef WS_CONSUMERS
@@ -41,18 +46,24 @@
 #ifndef EARLY_IDS
 #define EARLY_IDS 0  // a split's first page ids copied before the context length lands (`early_ids`)
 #endif
+#ifndef WS_ROWS
+#define WS_ROWS 0  // the consumers share every tile, each holding its own share of the rows (`ws_rows`)
+#endif
 namespace {
 constexpr int WS_THREADS = 128 * (1 + WS_CONSUMERS);
 static_assert(WS_CONSUMERS >= 2 && WS_CONSUMERS <= 4, "WARP_SPEC: 2, 3 or 4 consumer warpgroups");
 static_assert(WGMMA && TMA_LOADS && NUM_WARPS == 4 && !Q_SMEM && !OVERLAP,
               "WARP_SPEC: wgmma with TMA copies, 64-row consumers, its own Q stage");
 constexpr int Q_ELEMS = 64 * D;  // the CTA's 64 packed rows, in 64-column halves as a K tile
+// WS_ROWS: a Q stage a consumer (its own rows), and no hand-over of O at the end
+constexpr int Q_STAGES = WS_ROWS ? WS_CONSUMERS : 1;
+static_assert(!WS_ROWS || ROW_SPLIT == 1, "WS_ROWS holds all of a split's rows in one CTA");
 // element offset of (row, col) in the Q stage: the 128-byte-swizzled K-major layout of tile_off
 __device__ __forceinline__ int q_off(int row, int col) {
   const int c = col >> 3;
   return (c >> 3) * 64 * 64 + row * 64 + (((c & 7) ^ (row & 7)) << 3);
 }
-static_assert(STAGES >= WS_CONSUMERS && STAGES % WS_CONSUMERS == 0,
+static_assert(WS_ROWS || (STAGES >= WS_CONSUMERS && STAGES % WS_CONSUMERS == 0),
               "WARP_SPEC: stages a multiple of the consumers");
 static_assert(PAGE_SIZE == 0 || PAGE_SIZE >= N || (BOXES <= 32 && 32 % BOXES == 0),
               "a tile's page ids lie in one chunk of 32");
@@ -60,7 +71,8 @@ static_assert(PAGE_SIZE == 0 || PAGE_SIZE >= N || (BOXES <= 32 && 32 % BOXES == 
 // its stages: 2 chunks (one stage) from 64-key tiles up, 4 (two stages) at 32 keys.
 constexpr int HO_FLOATS = (N < 64 ? N : 64) * D / 2;
 constexpr int HO_CHUNKS = DTILES * 4 * 128 / HO_FLOATS;
-static_assert(HO_CHUNKS <= 2 * (STAGES / WS_CONSUMERS), "the hand-over fits a consumer's stages");
+static_assert(WS_ROWS || HO_CHUNKS <= 2 * (STAGES / WS_CONSUMERS),
+              "the hand-over fits a consumer's stages");
 // the named barrier of the merge: after the consumers' own (1 .. WS_CONSUMERS)
 constexpr int MERGE_BARRIER = WS_CONSUMERS < 4 ? 4 : 1 + WS_CONSUMERS;
 }  // namespace
@@ -112,10 +124,10 @@ __device__ __forceinline__ void ws_attention_body(
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   elem_t* sK = reinterpret_cast<elem_t*>(smem_raw);  // [STAGES][N][D] swizzled halves
   elem_t* sV = sK + STAGES * TILE_ELEMS;
-  elem_t* sQ = sV + STAGES * TILE_ELEMS;  // [64][D]
-  unsigned long long* full = reinterpret_cast<unsigned long long*>(sQ + Q_ELEMS);
+  elem_t* sQ = sV + STAGES * TILE_ELEMS;  // [Q_STAGES][64][D]
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(sQ + Q_STAGES * Q_ELEMS);
   unsigned long long* empty = full + STAGES;
-  unsigned long long* qbar = empty + STAGES;  // Q landed (consumer 0's threads)
+  unsigned long long* qbar = empty + STAGES;  // Q landed (consumer 0's threads; WS_ROWS: all)
   // [WS_CONSUMERS - 1][4][128]: the m0 m1 l0 l1 of consumers 1.. for consumer 0
   float* sML = reinterpret_cast<float*>(qbar + 1);
 
@@ -125,15 +137,19 @@ __device__ __forceinline__ void ws_attention_body(
   const int M = qb * group;
   int r_lo = 0, r_end = M;
   if (ROW_SPLIT > 1) row_share(M, ROW_SPLIT, static_cast<int>(blockIdx.x % ROW_SPLIT), r_lo, r_end);
+  // WS_ROWS: a consumer's rows are its share of the CTA's (laguna's 144 as 3 x 48), in its own
+  // Q stage; every consumer reads every tile, so a tile is read once for all the rows
+  if (WS_ROWS && wg > 0) row_share(M, WS_CONSUMERS, wg - 1, r_lo, r_end);
+  elem_t* const sQc = sQ + (WS_ROWS && wg > 0 ? (wg - 1) * Q_ELEMS : 0);
 
-  // the CTA's Q rows into its Q stage (rows past its share zero-filled): consumer 0's threads,
-  // before anything waits
+  // the CTA's Q rows into its Q stage (rows past its share zero-filled): consumer 0's threads
+  // (WS_ROWS: each consumer's its own), before anything waits
   auto q_copies = [&](int ctid) {
     for (int i = ctid; i < 64 * CPR; i += 128) {
       const int r = r_lo + i / CPR, col = (i % CPR) * 8;
       const int qi = min(r / group, qb - 1);
       const elem_t* src = q + ((static_cast<long long>(b) * qb + qi) * hq + kvh * group + r % group) * D + col;
-      cp_async_16(sQ + q_off(r - r_lo, col), r < r_end ? src : q, r < r_end);
+      cp_async_16(sQc + q_off(r - r_lo, col), r < r_end ? src : q, r < r_end);
     }
     cp_async_commit();
   };
@@ -152,7 +168,8 @@ __device__ __forceinline__ void ws_attention_body(
   // consumer without tiles writes that at once).
   int* sSpec = reinterpret_cast<int*>(sML + (WS_CONSUMERS - 1) * 512);
   int spec_base = 0;
-  if (wg == 1) q_copies(tid - 128);  // consumer 0: Q lands beside the length, not one trip after it
+  // Q lands beside the length, not a trip after it
+  if (WS_ROWS ? wg > 0 : wg == 1) q_copies(tid - (WS_ROWS ? 128 * wg : 128));
   if (warp == 0 && !SKIP_LOADS) {
     if (lane == 0) {  // the tensor maps, which the first copies wait for as well
       tma_prefetch_map(tma_k);
@@ -170,7 +187,7 @@ __device__ __forceinline__ void ws_attention_body(
     cp_async_commit();
   }
 #else
-  if (wg == 1) q_copies(tid - 128);
+  if (WS_ROWS ? wg > 0 : wg == 1) q_copies(tid - (WS_ROWS ? 128 * wg : 128));
   if (warp == 0 && lane == 0 && !SKIP_LOADS) {
     tma_prefetch_map(tma_k);
     tma_prefetch_map(tma_v);
@@ -204,9 +221,9 @@ __device__ __forceinline__ void ws_attention_body(
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full + s, 1);  // the producer's arrival (plus the copies' bytes)
-      mbar_init(empty + s, 128);  // every thread of the consumer that read the stage
+      mbar_init(empty + s, 128 * Q_STAGES);  // every thread of the consumer(s) that read the stage
     }
-    mbar_init(qbar, 128);
+    mbar_init(qbar, 128 * Q_STAGES);
     mbar_init_fence();
   }
   __syncthreads();
@@ -296,10 +313,10 @@ __device__ __forceinline__ void ws_attention_body(
   // ---- consumers
   const int c = wg - 1, ctid = tid - 128 * wg, cwarp = ctid >> 5;
 #if !EARLY_IDS  // (there issued before the context length is waited for)
-  if (c == 0) q_copies(ctid);
+  if (WS_ROWS || c == 0) q_copies(ctid);
 #endif
   regs_up<WS_CONSUMER_REGS>();
-  if (c == 0) {
+  if (WS_ROWS || c == 0) {
     cp_async_wait<0>();
     fence_proxy_async();  // read by wgmma
     mbar_arrive(qbar);
@@ -312,7 +329,7 @@ __device__ __forceinline__ void ws_attention_body(
   // a k-step is an offset added to the address field (16-byte units, bits 0-13; every operand
   // lies inside the CTA's shared memory, so no sum carries out of it): two instructions a wgmma,
   // where rebuilding a descriptor from its pointer takes about ten.
-  const unsigned long long dq = wgmma_desc_sw128(sQ, 16, 1024);
+  const unsigned long long dq = wgmma_desc_sw128(sQc, 16, 1024);
   const unsigned long long dk0 = wgmma_desc_sw128(sK, 16, 1024);
   const unsigned long long dv0 = wgmma_desc_sw128(sV, HALF_ELEMS * 2, 1024);
   // After a wgmma.wait_group: the compiler may not move reads of accumulator `x` above it
@@ -328,7 +345,7 @@ __device__ __forceinline__ void ws_attention_body(
   for (int d = 0; d < DTILES; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
-  for (int v = c; v < n_iter; v += WS_CONSUMERS) {
+  for (int v = WS_ROWS ? 0 : c; v < n_iter; v += WS_ROWS ? 1 : WS_CONSUMERS) {
     const int s = v % STAGES;
     const elem_t* cK = sK + s * TILE_ELEMS;
     elem_t* cV = sV + s * TILE_ELEMS;
@@ -337,14 +354,15 @@ __device__ __forceinline__ void ws_attention_body(
     const int kstart = (t0 + v) * N;
     // V rows at or past P in the context's last tile hold whatever the page (slot) holds: zero
     // them (their P is 0, and 0 * NaN would poison P V), visible to this consumer's wgmma
+    // (WS_ROWS: to every consumer's, all of which read the tile)
     if (!SKIP_LOADS && !is_block && P - kstart < N) {
       const int first = P - kstart;
-      for (int i = ctid; i < (N - first) * CPR; i += 128) {
+      for (int i = WS_ROWS ? tid - 128 : ctid; i < (N - first) * CPR; i += 128 * Q_STAGES) {
         const int r = first + i / CPR, col = (i % CPR) * 8;
         *reinterpret_cast<uint4*>(cV + tile_off(r, col)) = make_uint4(0u, 0u, 0u, 0u);
       }
       fence_proxy_async();
-      named_barrier(1 + c, 128);
+      named_barrier(WS_ROWS ? MERGE_BARRIER : 1 + c, 128 * Q_STAGES);
     }
     if (SKIP_COMPUTE) {
       mbar_arrive(empty + s);
@@ -363,7 +381,7 @@ __device__ __forceinline__ void ws_attention_body(
     } else {
 #pragma unroll
       for (int ks = 0; ks < KSTEPS; ++ks)
-        WgMma<N>::ss(sc, wgmma_desc_sw128(sQ + (ks >> 2) * 64 * 64 + (ks & 3) * 16, 16, 1024),
+        WgMma<N>::ss(sc, wgmma_desc_sw128(sQc + (ks >> 2) * 64 * 64 + (ks & 3) * 16, 16, 1024),
                      wgmma_desc_sw128(cK + (ks >> 2) * HALF_ELEMS + (ks & 3) * 16, 16, 1024), ks > 0);
     }
     wgmma_commit();
@@ -483,51 +501,54 @@ __device__ __forceinline__ void ws_attention_body(
       return (q == 0 ? xK : q == 1 ? xV : q == 2 ? xK2 : xV2) + (d % QUARTER_D) * 4 * 128;
     }
   };
-  if (c > 0) {
-    float* xK = handover(c, false);
-    float* xV = handover(c, true);
-    float* xK2 = HO_CHUNKS > 2 ? handover2(c, false) : nullptr;
-    float* xV2 = HO_CHUNKS > 2 ? handover2(c, true) : nullptr;
+  if constexpr (!WS_ROWS) {  // (WS_ROWS: each consumer stores its own rows)
+    if (c > 0) {
+      float* xK = handover(c, false);
+      float* xV = handover(c, true);
+      float* xK2 = HO_CHUNKS > 2 ? handover2(c, false) : nullptr;
+      float* xV2 = HO_CHUNKS > 2 ? handover2(c, true) : nullptr;
 #pragma unroll
-    for (int d = 0; d < DTILES; ++d) {
+      for (int d = 0; d < DTILES; ++d) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) ho_at(d, xK, xV, xK2, xV2)[e * 128 + ctid] = o[d][e];
+        for (int e = 0; e < 4; ++e) ho_at(d, xK, xV, xK2, xV2)[e * 128 + ctid] = o[d][e];
+      }
+      float* ml = sML + (c - 1) * 512;
+      ml[ctid] = m0;
+      ml[128 + ctid] = m1;
+      ml[256 + ctid] = l0;
+      ml[384 + ctid] = l1;
     }
-    float* ml = sML + (c - 1) * 512;
-    ml[ctid] = m0;
-    ml[128 + ctid] = m1;
-    ml[256 + ctid] = l0;
-    ml[384 + ctid] = l1;
-  }
-  named_barrier(MERGE_BARRIER, 128 * WS_CONSUMERS);
-  if (c > 0) return;
+    named_barrier(MERGE_BARRIER, 128 * WS_CONSUMERS);
+    if (c > 0) return;
 #pragma unroll 1
-  for (int k = 1; k < WS_CONSUMERS; ++k) {
-    float* xK = handover(k, false);
-    float* xV = handover(k, true);
-    float* xK2 = HO_CHUNKS > 2 ? handover2(k, false) : nullptr;
-    float* xV2 = HO_CHUNKS > 2 ? handover2(k, true) : nullptr;
-    const float* ml = sML + (k - 1) * 512;
-    const float om0 = ml[ctid], om1 = ml[128 + ctid];
-    const float mm0 = fmaxf(m0, om0), mm1 = fmaxf(m1, om1);
-    const float base0 = mm0 == -INFINITY ? 0.f : mm0, base1 = mm1 == -INFINITY ? 0.f : mm1;
-    const float a0 = fast_exp2(m0 - base0), b0 = fast_exp2(om0 - base0);
-    const float a1 = fast_exp2(m1 - base1), b1 = fast_exp2(om1 - base1);
-    l0 = l0 * a0 + ml[256 + ctid] * b0;
-    l1 = l1 * a1 + ml[384 + ctid] * b1;
-    m0 = mm0;
-    m1 = mm1;
+    for (int k = 1; k < WS_CONSUMERS; ++k) {
+      float* xK = handover(k, false);
+      float* xV = handover(k, true);
+      float* xK2 = HO_CHUNKS > 2 ? handover2(k, false) : nullptr;
+      float* xV2 = HO_CHUNKS > 2 ? handover2(k, true) : nullptr;
+      const float* ml = sML + (k - 1) * 512;
+      const float om0 = ml[ctid], om1 = ml[128 + ctid];
+      const float mm0 = fmaxf(m0, om0), mm1 = fmaxf(m1, om1);
+      const float base0 = mm0 == -INFINITY ? 0.f : mm0, base1 = mm1 == -INFINITY ? 0.f : mm1;
+      const float a0 = fast_exp2(m0 - base0), b0 = fast_exp2(om0 - base0);
+      const float a1 = fast_exp2(m1 - base1), b1 = fast_exp2(om1 - base1);
+      l0 = l0 * a0 + ml[256 + ctid] * b0;
+      l1 = l1 * a1 + ml[384 + ctid] * b1;
+      m0 = mm0;
+      m1 = mm1;
 #pragma unroll
-    for (int d = 0; d < DTILES; ++d) {
-      const float* x = ho_at(d, xK, xV, xK2, xV2) + ctid;
-      o[d][0] = o[d][0] * a0 + x[0] * b0;
-      o[d][1] = o[d][1] * a0 + x[128] * b0;
-      o[d][2] = o[d][2] * a1 + x[256] * b1;
-      o[d][3] = o[d][3] * a1 + x[384] * b1;
+      for (int d = 0; d < DTILES; ++d) {
+        const float* x = ho_at(d, xK, xV, xK2, xV2) + ctid;
+        o[d][0] = o[d][0] * a0 + x[0] * b0;
+        o[d][1] = o[d][1] * a0 + x[128] * b0;
+        o[d][2] = o[d][2] * a1 + x[256] * b1;
+        o[d][3] = o[d][3] * a1 + x[384] * b1;
+      }
     }
   }
 
-  // ---- epilogue (consumer 0): the output, or this split's partial and log-sum-exp
+  // ---- epilogue (consumer 0; WS_ROWS: every consumer, its rows): the output, or this split's
+  // partial and log-sum-exp
   const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
   const long long row_base = ((static_cast<long long>(split) * batch + b) * hkv + kvh) * M;
 #pragma unroll

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# `cupy:ws=3,ws_rows=1` on one H200, in one device call of about 5 minutes: laguna's 144 rows as
+# the three consumers of one warp-specialised CTA, each tile read once for all of them (issue 12).
+#   OUT=/some/dir bash scripts/gpu_ws_rows.sh        (repository root; carry .whl)
+# 1. the GPU matrix of tests/test_backends_gpu.py's WS_ROWS_SPECS (test_ws_rows_*)
+#                                                                       -> summary.txt, logs.tgz
+# 2. one laguna layer, page 64 and the arena, 2 interleaved rounds: the shipped table's pick
+#    (auto), the default, ws_rows in 4/6/9 stages and with early_ids, and its loads alone and math
+#    alone, at B=1/8/32 ctx 8k and B=32 ctx 32k, each beside its read floor  -> ab.csv, ab.md
+# Prediction (results/perf-notes.md, "laguna's rows as the consumers of one ws CTA"): B=32 8k
+# from 60.7 us (2.55x its floor) to 40-45 us; its loads alone from 1.45x the floor to 1.15x.
+set -uo pipefail
+source "$(dirname "$0")/gpu_env.sh"
+TOTAL=${TOTAL:-420}
+budgeted_run gpu_ws_rows
+W="cupy:ws=3,ws_rows=1"
+IMPL=${IMPL:-"auto;cupy;$W,stages=4;$W;$W,stages=9;$W,early_ids=1;$W,skip_compute=1;$W,skip_loads=1"}
+SHAPES=${SHAPES:-1x8k,8x8k,32x8k,32x32k}
+{
+  timeout 120 python3 scripts/precompile_gpu_matrix.py "$W" "$W,stages=9,early_ids=1" \
+    "cupy:ws=2,ws_rows=1"  # tests/test_backends_gpu.py's WS_ROWS_SPECS
+  timeout 60 python3 scripts/precompile_gpu_matrix.py --no-tests --table "$IMPL" --page 64 \
+    --preset laguna-dflash --shapes "$SHAPES"
+} > "$OUT/precompile.log" 2>&1
+tail -n 1 "$OUT/precompile.log" | tee -a "$OUT/summary.txt"
+if [ -z "${SKIP_TESTS:-}" ]; then
+  timeout -s INT -k 10 "${TEST_S:-150}" python3 -m pytest -q -m gpu tests/test_backends_gpu.py \
+    -k "ws_rows" -x -p no:cacheprovider > "$OUT/tests.log" 2>&1
+  echo "tests rc=$? after ${SECONDS}s: $(tail -n 1 "$OUT/tests.log")" | tee -a "$OUT/summary.txt"
+fi
+RESERVE=15
+budgeted_table ab 240 --preset laguna-dflash --shapes "$SHAPES" --page 64 --rounds 2 \
+  --impl "$IMPL" --baseline none
+[ -f "$OUT/ab/attention.csv" ] && cp "$OUT/ab/attention.csv" "$OUT/ab.csv"
+[ -f "$OUT/ab/attention_rounds.md" ] && cp "$OUT/ab/attention_rounds.md" "$OUT/ab.md"
+trap - EXIT
+tar czf "$OUT/logs.tgz" -C "$OUT" precompile.log tests.log ab -C /tmp gpu_ws_rows.db 2>/dev/null
+rm -rf "$OUT/ab" "$OUT/precompile.log" "$OUT/tests.log" "$OUT/extras.tgz"
+cat "$OUT/summary.txt"
+grep -E "passed|failed|Error" "$OUT/summary.txt" >/dev/null || true
+[ -f "$OUT/ab.csv" ] && python3 scripts/table_summary.py "$OUT/ab.csv"
