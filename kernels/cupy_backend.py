@@ -102,6 +102,9 @@ class Params:
     ws_rows: bool = False  # ws only: the consumers deal the CTA's rows (each at most 64) instead of
     # the tiles, all reading every tile once, each storing its own rows (laguna's 144 as 3 x 48 in
     # one CTA, where row_split reads each tile once a CTA; warp_specialized.cuh WS_ROWS; `ws_reason`)
+    ws_overlap: bool = False  # ws only: a consumer's P V of one tile issued with the S = Q K^T of
+    # its next and run under that tile's softmax, holding two stages (warp_specialized.cuh
+    # WS_OVERLAP; `early_ids_reason`)
 
     @property
     def tensor_maps(self) -> bool:
@@ -319,12 +322,19 @@ def trim_reason(params: Params, head_dim: int, warps: int, sm: int | None = None
 
 
 def early_ids_reason(params: Params) -> str | None:
-    """Why `params.early_ids` or `params.ws_rows` cannot apply (None when they can, or are off):
-    both are the warp-specialised kernel's."""
+    """Why `params.early_ids`, `params.ws_rows` or `params.ws_overlap` cannot apply (None when
+    they can, or are off): all are the warp-specialised kernel's (ws_overlap on its lean loop)."""
     if params.early_ids and not params.ws:
         return "early_ids=1 is the warp-specialised producer's (ws=2..4)"
     if params.ws_rows and not params.ws:
         return "ws_rows=1 deals rows over the warp-specialised kernel's consumers (ws=2..4)"
+    if params.ws_overlap and not params.ws:
+        return "ws_overlap=1 pipelines the warp-specialised kernel's consumers (ws=2..4)"
+    if params.ws_overlap and not params.lean:
+        return "ws_overlap=1 pipelines the lean consumer loop: it needs lean=1 (ws's default)"
+    if params.ws_overlap and params.ws == 4:
+        # ptxas: 80-116 bytes spilled and every wgmma serialised for want of registers
+        return "ws_overlap=1 holds a second tile's P, for which four consumers' 112 registers are too few"
     return None
 
 
@@ -678,6 +688,7 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "trim": [False, True],
         "early_ids": [False, True],
         "ws_rows": [False, True],
+        "ws_overlap": [False, True],
     }
 
 
@@ -736,12 +747,14 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         defines.update(WARP_SPEC=1, TMA_LOADS=1, WS_CONSUMERS=params.ws)
         if params.ws_rows:  # named only when on: the other ws variants keep their defines
             defines["WS_ROWS"] = 1
+        if params.ws_overlap:
+            defines["WS_OVERLAP"] = 1
     if params.trim:  # named only when on: the other variants keep their defines
         reason = trim_reason(params, head_dim, warps, sm)
         if reason:
             raise ValueError(reason)
         defines["TRIM"] = 1
-    if params.early_ids or params.ws_rows:  # ws's own knobs
+    if params.early_ids or params.ws_rows or params.ws_overlap:  # ws's own knobs
         reason = early_ids_reason(params)
         if reason:
             raise ValueError(reason)

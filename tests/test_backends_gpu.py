@@ -31,7 +31,8 @@ pytestmark = pytest.mark.gpu
 # producer warpgroup issuing TMA copies, two to four consumer warpgroups, "ws=4" and
 # "ws=3,tile_n=32" on 32-key tiles, each with its consumers' lean tile loop, "lean=0" without it:
 # a mask branch a score, O rescaled every tile; "early_ids=1" a split's first page ids, Q and
-# the tensor maps fetched before the context length; sm_90a only, rows dealt over CTAs of at most 64),
+# the tensor maps fetched before the context length; "ws_overlap=1" a tile's P V under the next
+# tile's S; sm_90a only, rows dealt over CTAs of at most 64),
 # "cupy:trim=1" the pipelined wgmma path's tile loop trimmed as ws's lean one (tests/test_trim.py),
 # "cupy:combine=1" merges
 # the splits with a warp a row (every SM; the tests' shapes pack at most 1024 rows a call, where
@@ -44,7 +45,8 @@ BACKENDS = ["cupy", "cupy:wgmma=0", "cupy:overlap=1", "cupy:overlap=2", "cupy:tm
             "cupy:ws=3,tile_n=32", "cupy:ws=3,tile_n=32,stages=9", "cupy:ws=2,lean=0",
             "cupy:ws=3,tile_n=32,stages=9,lean=0", "cupy:ws=4,lean=0",
             "cupy:ws=2,early_ids=1", "cupy:ws=3,tile_n=32,stages=9,early_ids=1",
-            "cupy:ws=4,early_ids=1", "cupy:trim=1",
+            "cupy:ws=4,early_ids=1", "cupy:ws=2,ws_overlap=1",
+            "cupy:ws=3,tile_n=32,early_ids=1,ws_overlap=1", "cupy:trim=1",
             "cupy:combine=1", "cutlass", "cutlass:wgmma=1"]
 
 
@@ -604,9 +606,11 @@ def test_row_split_forced_splits(splits, geom):
 # as 3 consumers of 48, each tile read once for all of them, each consumer storing its own rows)
 
 # Specs: three consumers in 6 stages (the default) and in 9 with early_ids; two consumers (up to
-# 128 rows: laguna and GQA 12 are refused, which the matrix checks too).
+# 128 rows: laguna and GQA 12 are refused, which the matrix checks too); with ws_overlap (each
+# consumer then holds two stages: 2 stages leave the producer none to fill ahead).
 WS_ROWS_SPECS = ["cupy:ws=3,ws_rows=1", "cupy:ws=3,ws_rows=1,stages=9,early_ids=1",
-                 "cupy:ws=2,ws_rows=1"]
+                 "cupy:ws=2,ws_rows=1", "cupy:ws=3,ws_rows=1,early_ids=1,ws_overlap=1",
+                 "cupy:ws=3,ws_rows=1,stages=2,ws_overlap=1"]
 
 
 def _ws_rows_cases():

@@ -256,3 +256,35 @@ def test_ws_rows_variants_compile_without_spills(cache_dir, preset, stages, page
                              90)
     assert res.arch == "sm_90a" and res.spills == 0
     assert res.resources["drafter_attention"].registers <= 128
+
+
+def test_ws_overlap_is_the_lean_loops_and_named_only_when_on():
+    """`ws_overlap` (opt-in): the WS_OVERLAP define on a lean ws variant of 2-3 consumers, the
+    other ws variants keeping their defines; refused, with the reason, without ws, without lean
+    and with four consumers (whose registers hold no second tile)."""
+    plain = registry.from_spec("cupy:ws=3,tile_n=32").params_for(_problem(), 90)
+    over = registry.from_spec("cupy:ws=3,tile_n=32,ws_overlap=1").params_for(_problem(), 90)
+    d0 = cb.variant_defines("bfloat16", 128, 64, 16, 4, plain, 90)
+    assert cb.variant_defines("bfloat16", 128, 64, 16, 4, over, 90) == {**d0, "WS_OVERLAP": 1}
+    assert over.smem_bytes(128, 4, True, 64) == plain.smem_bytes(128, 4, True, 64)
+    for spec, words in (("cupy:ws_overlap=1", "ws=2..4"), ("cupy:ws=2,lean=0,ws_overlap=1", "lean=1"),
+                        ("cupy:ws=4,ws_overlap=1", "four consumers")):
+        assert words in registry.from_spec(spec).supports(_problem(), 90)
+    assert cb.tunables()["ws_overlap"] == [False, True]
+
+
+@pytest.mark.parametrize("spec,preset", [("ws=2", MAIN_PRESET), ("ws=3,tile_n=32,early_ids=1", MAIN_PRESET),
+                                         ("ws=3,ws_rows=1", "laguna-dflash"),
+                                         ("ws=3,ws_rows=1,early_ids=1", "laguna-dflash")])
+@pytest.mark.parametrize("page", [16, 64, None])
+def test_ws_overlap_compiles_unserialised_without_spills(cache_dir, spec, preset, page):
+    """The pipelined consumer loop keeps its wgmmas asynchronous: ptxas serialises all of a
+    function's wgmmas (and says so in its log) where an ordinary instruction writes an accumulator
+    while one is in flight or a wgmma sits in a branch, which is why S's accumulator is read once
+    into other registers and the first tile's P V runs on a zero P instead of behind a branch."""
+    g = get_preset(preset)
+    p = registry.from_spec(f"cupy:{spec},ws_overlap=1").params_for(_problem(preset, page=page), 90)
+    res = cb.compile_variant(cb.variant_defines("bfloat16", 128, page, g.block_size, g.group, p, 90),
+                             90)
+    assert res.arch == "sm_90a" and res.spills == 0
+    assert "serialized" not in res.log and "ptxas info" in res.log

@@ -49,6 +49,9 @@
 #ifndef WS_ROWS
 #define WS_ROWS 0  // the consumers share every tile, each holding its own share of the rows (`ws_rows`)
 #endif
+#ifndef WS_OVERLAP
+#define WS_OVERLAP 0  // a consumer's P V of one tile under the S = Q K^T of its next (`ws_overlap`)
+#endif
 namespace {
 constexpr int WS_THREADS = 128 * (1 + WS_CONSUMERS);
 static_assert(WS_CONSUMERS >= 2 && WS_CONSUMERS <= 4, "WARP_SPEC: 2, 3 or 4 consumer warpgroups");
@@ -344,6 +347,30 @@ __device__ __forceinline__ void ws_attention_body(
 #pragma unroll
   for (int d = 0; d < DTILES; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+#if WS_OVERLAP
+  // WS_OVERLAP: a tile's P V is issued with the next tile's S = Q K^T and runs while that tile's
+  // softmax does; its stage is freed once it completes. So the consumer holds two stages at once
+  // (this tile's K, the previous tile's V), and its chain per tile is the softmax alone.
+  static_assert(LEAN, "WS_OVERLAP pipelines the lean consumer loop");
+  unsigned pa[N / 16][4] = {};  // the previous tile's P (bf16 pairs), which its P V in flight reads
+  int pend = -1;  // that tile's stage (-1: none yet)
+  auto pv = [&](int stage) {  // O += P V of the tile in `stage`, P from pa
+#pragma unroll
+    for (int kk = 0; kk < N / 16; ++kk)
+      WgMma<D>::rs_tb(o, pa[kk], dv0 + desc_offset(stage * TILE_ELEMS + kk * 16 * 64), 1);
+    wgmma_commit();
+  };
+  auto pv_done = [&]() {  // the P V in flight completed: O readable, pa and its stage free
+    wgmma_wait<0>();
+    acc_fence(o);
+#pragma unroll
+    for (auto& row : pa) {
+#pragma unroll
+      for (unsigned& e : row) asm volatile("" : "+r"(e)::"memory");
+    }
+    if (pend >= 0) mbar_arrive(empty + pend);
+  };
+#endif
 
   for (int v = WS_ROWS ? 0 : c; v < n_iter; v += WS_ROWS ? 1 : WS_CONSUMERS) {
     const int s = v % STAGES;
@@ -369,24 +396,43 @@ __device__ __forceinline__ void ws_attention_body(
       continue;
     }
     float sc[NTILES][4];
+#if WS_OVERLAP
+    // S's accumulator, which nothing but its wgmma writes: ptxas serialises every wgmma where an
+    // ordinary instruction defines an accumulator while one is in flight (here the P V)
+    float sacc[NTILES][4];
+#else
+    float (&sacc)[NTILES][4] = sc;
+#endif
 #pragma unroll
-    for (int n = 0; n < NTILES; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+    for (int n = 0; n < NTILES; ++n) sacc[n][0] = sacc[n][1] = sacc[n][2] = sacc[n][3] = 0.f;
     wgmma_fence();
     if constexpr (LEAN) {
       const unsigned long long dk = dk0 + desc_offset(s * TILE_ELEMS);
 #pragma unroll
       for (int ks = 0; ks < KSTEPS; ++ks)
-        WgMma<N>::ss(sc, dq + desc_offset((ks >> 2) * 64 * 64 + (ks & 3) * 16),
+        WgMma<N>::ss(sacc, dq + desc_offset((ks >> 2) * 64 * 64 + (ks & 3) * 16),
                      dk + desc_offset((ks >> 2) * HALF_ELEMS + (ks & 3) * 16), ks > 0);
     } else {
 #pragma unroll
       for (int ks = 0; ks < KSTEPS; ++ks)
-        WgMma<N>::ss(sc, wgmma_desc_sw128(sQc + (ks >> 2) * 64 * 64 + (ks & 3) * 16, 16, 1024),
+        WgMma<N>::ss(sacc, wgmma_desc_sw128(sQc + (ks >> 2) * 64 * 64 + (ks & 3) * 16, 16, 1024),
                      wgmma_desc_sw128(cK + (ks >> 2) * HALF_ELEMS + (ks & 3) * 16, 16, 1024), ks > 0);
     }
     wgmma_commit();
+#if WS_OVERLAP
+    // the previous tile's P V behind this S (at the first tile a zero P on this tile's V, so
+    // that no wgmma sits in a branch), then wait for the S alone
+    pv(pend >= 0 ? pend : s);
+    wgmma_wait<1>();
+#pragma unroll
+    for (int n = 0; n < NTILES; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) asm volatile("mov.b32 %0, %1;" : "=f"(sc[n][e]) : "f"(sacc[n][e]));
+    }
+#else
     wgmma_wait<0>();
     acc_fence(sc);
+#endif
 
     // mask (only tiles some row cannot fully see), online softmax on raw scores: scale_log2 > 0,
     // so the scaled max is the max scaled, and exp2's FMA applies the scale. LEAN masks before
@@ -448,6 +494,9 @@ __device__ __forceinline__ void ws_attention_body(
     }
     l0 = l0 * a0 + ps0;
     l1 = l1 * a1 + ps1;
+#if WS_OVERLAP
+    pv_done();  // O holds the previous tile's P V before its rescale
+#endif
     if (!LEAN || __any_sync(0xffffffffu, up0 | up1)) {
 #pragma unroll
       for (int d = 0; d < DTILES; ++d) {
@@ -457,6 +506,16 @@ __device__ __forceinline__ void ws_attention_body(
         o[d][3] *= a1;
       }
     }
+#if WS_OVERLAP
+#pragma unroll
+    for (int kk = 0; kk < N / 16; ++kk) {
+      pa[kk][0] = pack2(sc[2 * kk][0], sc[2 * kk][1]);
+      pa[kk][1] = pack2(sc[2 * kk][2], sc[2 * kk][3]);
+      pa[kk][2] = pack2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+      pa[kk][3] = pack2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+    }
+    pend = s;  // its P V goes out with the next tile's S (or after the loop)
+#else
     wgmma_fence();  // o was rescaled by ordinary instructions
 #pragma unroll
     for (int kk = 0; kk < N / 16; ++kk) {
@@ -470,7 +529,15 @@ __device__ __forceinline__ void ws_attention_body(
     wgmma_wait<0>();
     acc_fence(o);
     mbar_arrive(empty + s);  // this thread is done with the stage
+#endif
   }
+#if WS_OVERLAP
+  if (pend >= 0) {  // the last tile's P V
+    wgmma_fence();  // o was rescaled and pa written by ordinary instructions
+    pv(pend);
+    pv_done();
+  }
+#endif
 
   // ---- consumers 1.. hand their rows to consumer 0, each through the stage of its own last
   // tile (no tile is copied into it any more: that tile is one of the CTA's last WS_CONSUMERS),
