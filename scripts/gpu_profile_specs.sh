@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Side specs of the shipped sm90 profile (tuner/specs/sm90-*.toml) measured into a copy of
+# profiles/sm90.db in one device call: only the candidates it lacks for today's kernel sources
+# (so `tuner rekey` the database after a kernel edit first), each spec's variants compiled ahead.
+#   OUT=/some/dir SWEEP_S=300 bash scripts/gpu_profile_specs.sh tuner/specs/sm90-rows.toml ...
+# $OUT/sm90.db comes back (one file, journal folded in); then, in a checkout:
+#   cp OUT/sm90.db profiles/sm90.db
+#   tuner export --sm 90 --db profiles/sm90.db --current-sources --out profiles/sm90.json
+set -uo pipefail
+source "$(dirname "$0")/gpu_env.sh"
+db="$OUT/sm90.db"
+cp profiles/sm90.db "$db"
+args=()
+for spec in "$@"; do args+=(--sweep "$spec"); done
+python3 scripts/precompile_gpu_matrix.py --no-tests "${args[@]}" --db "$db" 2>&1 | tail -n 1
+deadline=$(( SECONDS + ${SWEEP_S:-300} ))
+for spec in "$@"; do
+  left=$(( deadline - SECONDS )); (( left < 10 )) && { echo "$spec: no time left"; continue; }
+  timeout -s INT -k 20 "$left" python3 -m drafter_attn.tuner sweep "$spec" --db "$db" --no-progress \
+    > "$OUT/$(basename "$spec" .toml).log" 2>&1
+  echo "$spec: exit $?, $(tail -n 1 "$OUT/$(basename "$spec" .toml).log")"
+done
+python3 - "$db" "$@" <<'PY'
+import sqlite3, sys
+from drafter_attn.kernels.nvrtc import sources_digest
+from drafter_attn.tuner.db import ProfileDB
+from drafter_attn.tuner.spec import load_spec
+with ProfileDB(sys.argv[1], readonly=True) as db:
+    done = db.done_candidates(None, sources_hash=sources_digest())
+for path in sys.argv[2:]:
+    want = {x.key() for x in load_spec(path).candidates()}
+    print(f"{path}: {len(want & done)} of {len(want)} candidates measured, {len(want - done)} left")
+c = sqlite3.connect(sys.argv[1])
+for status, n in c.execute("SELECT status, COUNT(*) FROM results GROUP BY status"):
+    print(f"  {n} {status}")
+c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+c.execute("PRAGMA journal_mode = DELETE")  # one file to bring back
+c.close()
+PY
