@@ -98,13 +98,13 @@ class Params:
     early_ids: bool = False  # ws only: the producer copies a split's first page ids before the
     # context length lands, planned for a context that fills the table, and keeps them where the
     # real share starts among them: one round trip fewer before the first tiles (warp_specialized.cuh
-    # EARLY_IDS; `early_ids_reason`)
+    # EARLY_IDS; `ws_knobs_reason`)
     ws_rows: bool = False  # ws only: the consumers deal the CTA's rows (each at most 64) instead of
     # the tiles, all reading every tile once, each storing its own rows (laguna's 144 as 3 x 48 in
     # one CTA, where row_split reads each tile once a CTA; warp_specialized.cuh WS_ROWS; `ws_reason`)
     ws_overlap: bool = False  # ws only: a consumer's P V of one tile issued with the S = Q K^T of
     # its next and run under that tile's softmax, holding two stages (warp_specialized.cuh
-    # WS_OVERLAP; `early_ids_reason`)
+    # WS_OVERLAP; `ws_knobs_reason`)
 
     @property
     def tensor_maps(self) -> bool:
@@ -321,7 +321,7 @@ def trim_reason(params: Params, head_dim: int, warps: int, sm: int | None = None
     return overlap_reason(params, head_dim, warps, sm)
 
 
-def early_ids_reason(params: Params) -> str | None:
+def ws_knobs_reason(params: Params) -> str | None:
     """Why `params.early_ids`, `params.ws_rows` or `params.ws_overlap` cannot apply (None when
     they can, or are off): all are the warp-specialised kernel's (ws_overlap on its lean loop)."""
     if params.early_ids and not params.ws:
@@ -668,7 +668,7 @@ def supports(problem: Problem, params: Params | None = None, sm: int | None = No
     if reason:
         return f"tile_n={params.tile_n} stages={params.stages} {reason}"
     return (overlap_reason(params, g.head_dim, warps, sm) or tma_reason(params, g.head_dim, warps, sm)
-            or trim_reason(params, g.head_dim, warps, sm) or early_ids_reason(params))
+            or trim_reason(params, g.head_dim, warps, sm) or ws_knobs_reason(params))
 
 
 def tunables(problem: Problem | None = None) -> dict[str, list]:
@@ -755,7 +755,7 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
             raise ValueError(reason)
         defines["TRIM"] = 1
     if params.early_ids or params.ws_rows or params.ws_overlap:  # ws's own knobs
-        reason = early_ids_reason(params)
+        reason = ws_knobs_reason(params)
         if reason:
             raise ValueError(reason)
     if params.early_ids:  # named only when on: the other ws variants keep their defines
