@@ -588,7 +588,13 @@ def test_row_split_matches_reference(spec, geom, page, lens, seed):
 def test_row_split_forced_splits(splits, geom):
     """Split-KV partials of row-split CTAs (each CTA its rows' partials) through the combine, and
     the launch grid: a split's row_split CTAs adjacent in x."""
-    impl = _backend("cupy:row_split=3,wgmma=0").with_params(num_splits=splits)
+    _check_forced_splits("cupy:row_split=3,wgmma=0", splits, geom, ctas_per_split=3)
+
+
+def _check_forced_splits(spec: str, splits: int, geom: Geometry, ctas_per_split: int) -> None:
+    """`spec` at `splits` forced splits over ragged lengths (0 included) against the reference,
+    and its launch grid: `ctas_per_split` CTAs a split in x."""
+    impl = _backend(spec).with_params(num_splits=splits)
     gen = torch.Generator().manual_seed(splits)
     lens = [0, 5, 700, 4097]
     q, kb, vb = _block_inputs(geom, len(lens), gen)
@@ -598,7 +604,7 @@ def test_row_split_forced_splits(splits, geom):
     _poison_allocator(q)
     _assert_close(impl.paged_attention(q, kb, vb, *cache, **kw), ref, geom.dtype)
     (plan,) = impl._plans.values()
-    assert plan.attention.grid == (3 * splits, geom.num_kv_heads, len(lens))
+    assert plan.attention.grid == (ctas_per_split * splits, geom.num_kv_heads, len(lens))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -639,14 +645,4 @@ def test_ws_rows_forced_splits(splits, geom):
     one CTA a split (no row_split)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the warp-specialised kernel is sm_90a's")
-    impl = _backend("cupy:ws=3,ws_rows=1").with_params(num_splits=splits)
-    gen = torch.Generator().manual_seed(splits)
-    lens = [0, 5, 700, 4097]
-    q, kb, vb = _block_inputs(geom, len(lens), gen)
-    cache = random_paged_context(geom, lens, 64, "cuda", gen)
-    kw = dict(mask=geom.mask, window=geom.window)
-    ref = reference.paged_attention(q, kb, vb, *cache, **kw)
-    _poison_allocator(q)
-    _assert_close(impl.paged_attention(q, kb, vb, *cache, **kw), ref, geom.dtype)
-    (plan,) = impl._plans.values()
-    assert plan.attention.grid == (splits, geom.num_kv_heads, len(lens))
+    _check_forced_splits("cupy:ws=3,ws_rows=1", splits, geom, ctas_per_split=1)
