@@ -37,5 +37,4 @@ trap - EXIT
 tar czf "$OUT/logs.tgz" -C "$OUT" precompile.log tests.log ab -C /tmp gpu_ws_rows.db 2>/dev/null
 rm -rf "$OUT/ab" "$OUT/precompile.log" "$OUT/tests.log" "$OUT/extras.tgz"
 cat "$OUT/summary.txt"
-grep -E "passed|failed|Error" "$OUT/summary.txt" >/dev/null || true
 [ -f "$OUT/ab.csv" ] && python3 scripts/table_summary.py "$OUT/ab.csv"
