@@ -40,3 +40,21 @@ budgeted_table() {
     > "$OUT/$name/table.log" 2>&1
   echo "$name rc=$? after ${SECONDS}s" | tee -a "$OUT/summary.txt"
 }
+# `finish_tables NAME...` (the end of a budgeted run): each table's CSV as $OUT/NAME.csv, and the
+# rest (precompile.log, tests.log, the NAME folders with their markdown, the run's database) in
+# $OUT/logs.tgz, since at most 8 files come back from a device call; then the summary and
+# scripts/table_summary.py's digest of the CSVs, last in the output. A NAME without a table (a
+# `bench decode` folder) is only packed.
+finish_tables() {
+  local name csvs=()
+  for name in "$@"; do
+    [ -f "$OUT/$name/attention.csv" ] && cp "$OUT/$name/attention.csv" "$OUT/$name.csv" \
+      && csvs+=("$OUT/$name.csv")
+  done
+  trap - EXIT
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls -d precompile.log tests.log "$@" 2>/dev/null) \
+    -C /tmp "$(basename "$db")" 2>/dev/null
+  (cd "$OUT" && rm -rf "$@" precompile.log tests.log extras.tgz)
+  cat "$OUT/summary.txt"
+  (( ${#csvs[@]} )) && python3 scripts/table_summary.py "${csvs[@]}"
+}

@@ -4,7 +4,7 @@
 # floor, with the warp-specialised kernels the tuned table runs at shorter contexts, the default
 # and the ws kernel's loads alone:
 #   OUT=/some/dir bash scripts/gpu_long.sh        (repository root; carry .whl)
-# IMPL and SHAPES override the kernels and the shapes; -> long.md, long.csv, and the summary last.
+# IMPL and SHAPES override the kernels and the shapes; -> long.csv, logs.tgz, and the summary last.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 TOTAL=${TOTAL:-420}
@@ -16,9 +16,4 @@ timeout 120 python3 scripts/precompile_gpu_matrix.py --no-tests --table "$IMPL" 
 tail -n 1 "$OUT/precompile.log" | tee -a "$OUT/summary.txt"
 RESERVE=20
 budgeted_table long 380 --shapes "$SHAPES" --page 64 --impl "$IMPL" --baseline none
-f="$OUT/long/attention.md"; [ -f "$f" ] && cp "$f" "$OUT/long.md"
-[ -f "$OUT/long/attention.csv" ] && cp "$OUT/long/attention.csv" "$OUT/long.csv"
-tar czf "$OUT/logs.tgz" -C "$OUT" precompile.log long 2>/dev/null
-rm -rf "$OUT/long" "$OUT/precompile.log"
-cat "$OUT/summary.txt"
-[ -f "$OUT/long.csv" ] && python3 scripts/table_summary.py "$OUT/long.csv"
+finish_tables long

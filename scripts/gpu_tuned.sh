@@ -5,11 +5,11 @@
 #   OUT=/some/dir bash scripts/gpu_tuned.sh        (repository root; carry .whl)
 # 1. GPU tests of the call paths and of the attention table (tests/test_launch.py, test_ops.py,
 #    test_syncs_gpu.py, test_dispatch.py, test_bench_gpu.py -k attention_table)  -> tests.log
-# 2. main preset, page 64: B=1 2k/8k/32k and B=8 8k, 2 interleaved rounds         -> small.md
-# 3. main preset, page 128: B=32 8k and B=8 32k                                   -> large.md
-# 4. laguna-dflash, page 64: B=8 and B=32 ctx 8k                                  -> laguna.md
+# 2. main preset, page 64: B=1 2k/8k/32k and B=8 8k, 2 interleaved rounds         -> small.csv
+# 3. main preset, page 128: B=32 8k and B=8 32k                                   -> large.csv
+# 4. laguna-dflash, page 64: B=8 and B=32 ctx 8k                                  -> laguna.csv
 # 5. main preset, page 64: B=1 and B=4 ctx 128k (LONG: other shapes), FlashInfer's
-#    per-shape plan, LONG_ROUNDS interleaved rounds (1)                            -> long.md
+#    per-shape plan, LONG_ROUNDS interleaved rounds (1)                            -> long.csv
 # 6. bench decode --impl auto,cupy, B=1 and 8 at ctx 8k (the 5-layer step)        -> decode.txt
 # TABLES (default "small large laguna long decode") picks the steps after the tests; SKIP_TESTS=1
 # leaves the tests out.
@@ -47,18 +47,7 @@ if want decode; then
 fi
 # What comes back (at most 8 files): summary.txt (with the tests' and the decode's picks), the four
 # tables' CSVs, decode.txt and logs.tgz (every markdown table, the logs, the run's database)
-for name in small large laguna long; do
-  f="$OUT/$name/attention_rounds.md"; [ -f "$f" ] || f="$OUT/$name/attention.md"
-  [ -f "$f" ] && cp "$f" "$OUT/$name.md"
-  [ -f "$OUT/$name/attention.csv" ] && cp "$OUT/$name/attention.csv" "$OUT/$name.csv"
-done
 [ -f "$OUT/tests.log" ] && tail -n 5 "$OUT/tests.log" >> "$OUT/summary.txt"
 grep -h "impl picked" "$OUT/decode.txt" >> "$OUT/summary.txt" 2>/dev/null
-trap - EXIT
-tar czf "$OUT/logs.tgz" -C "$OUT" precompile.log tests.log small large laguna long decode \
-  $(cd "$OUT" && ls {small,large,laguna,long}.md 2>/dev/null) -C /tmp gpu_tuned.db 2>/dev/null
-rm -rf "$OUT"/{small,large,laguna,long,decode} "$OUT"/{small,large,laguna,long}.md "$OUT/precompile.log" \
-  "$OUT/tests.log" "$OUT/extras.tgz"
-cat "$OUT/summary.txt"
-python3 scripts/table_summary.py $(ls "$OUT"/{small,large,laguna,long}.csv 2>/dev/null)
+finish_tables small large laguna long decode
 grep -E "^\s*(│|\|)|^ (step|decode) " "$OUT/decode.txt" 2>/dev/null | head -30

@@ -40,11 +40,4 @@ budgeted_table laguna 100 --preset laguna-dflash --shapes 8x8k,32x8k --page 64 -
 RESERVE=15
 budgeted_table main 150 --shapes 1x2k,1x8k,1x32k,8x8k --page 64 --rounds 2 --impl "$MAIN" \
   --baseline none
-for t in laguna main; do
-  [ -f "$OUT/$t/attention.csv" ] && cp "$OUT/$t/attention.csv" "$OUT/$t.csv"
-done
-trap - EXIT
-tar czf "$OUT/logs.tgz" -C "$OUT" precompile.log tests.log laguna main -C /tmp gpu_ws_overlap.db 2>/dev/null
-rm -rf "$OUT/laguna" "$OUT/main" "$OUT/precompile.log" "$OUT/tests.log" "$OUT/extras.tgz"
-cat "$OUT/summary.txt"
-python3 scripts/table_summary.py $(ls "$OUT"/{laguna,main}.csv 2>/dev/null)
+finish_tables laguna main

@@ -6,7 +6,7 @@
 #                                                                       -> summary.txt, logs.tgz
 # 2. one laguna layer, page 64 and the arena, 2 interleaved rounds: the shipped table's pick
 #    (auto), the default, ws_rows in 4/6/9 stages and with early_ids, and its loads alone and math
-#    alone, at B=1/8/32 ctx 8k and B=32 ctx 32k, each beside its read floor  -> ab.csv, ab.md
+#    alone, at B=1/8/32 ctx 8k and B=32 ctx 32k, each beside its read floor  -> ab.csv
 # Prediction (results/perf-notes.md, "laguna's rows as the consumers of one ws CTA"): B=32 8k
 # from 60.7 us (2.55x its floor) to 40-45 us; its loads alone from 1.45x the floor to 1.15x.
 set -uo pipefail
@@ -31,10 +31,4 @@ fi
 RESERVE=15
 budgeted_table ab 240 --preset laguna-dflash --shapes "$SHAPES" --page 64 --rounds 2 \
   --impl "$IMPL" --baseline none
-[ -f "$OUT/ab/attention.csv" ] && cp "$OUT/ab/attention.csv" "$OUT/ab.csv"
-[ -f "$OUT/ab/attention_rounds.md" ] && cp "$OUT/ab/attention_rounds.md" "$OUT/ab.md"
-trap - EXIT
-tar czf "$OUT/logs.tgz" -C "$OUT" precompile.log tests.log ab -C /tmp gpu_ws_rows.db 2>/dev/null
-rm -rf "$OUT/ab" "$OUT/precompile.log" "$OUT/tests.log" "$OUT/extras.tgz"
-cat "$OUT/summary.txt"
-[ -f "$OUT/ab.csv" ] && python3 scripts/table_summary.py "$OUT/ab.csv"
+finish_tables ab
