@@ -646,3 +646,82 @@ def test_ws_rows_forced_splits(splits, geom):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the warp-specialised kernel is sm_90a's")
     _check_forced_splits("cupy:ws=3,ws_rows=1", splits, geom, ctas_per_split=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# stream_k: a CTA a resident slot, the tile steps of every (request, KV head) item laid end to
+# end and shared out evenly, an item in pieces on neighbouring CTAs merged by the combine. It
+# plans no split count (the forced-split tests above would be refused), so it has its own tests.
+STREAM_K_SPECS = ["cupy:stream_k=1,tma=1,trim=1"]
+
+
+@pytest.mark.parametrize("spec", STREAM_K_SPECS)
+@pytest.mark.parametrize("layout", ["paged", "arena"])
+@pytest.mark.parametrize("geom,page,lens,seed", _cases())
+def test_stream_k_matches_reference(spec, layout, geom, page, lens, seed):
+    """The random matrix (every mask, pages 8-256 and the arena, GQA 1-16, head_dim 64 and 128,
+    ragged lengths with 0 and page edges, bf16 and fp16): short batches leave each item in many
+    pieces over the GPU's CTAs."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("stream_k runs on sm_90a's TMA path")
+    test_attention_matches_reference(spec, layout, geom, page, lens, seed)
+
+
+_STREAM_K_LENS = {
+    "one-long": [65536 + 7, 3, 0],  # one request's items over almost every CTA
+    "empty": [0] * 40,  # fewer steps than CTAs: most CTAs idle, every item whole
+    "ragged-300": [(j * 37) % 301 for j in range(300)],  # many items a CTA, zeros among them
+    "equal-33": [5000] * 33,  # pieces that start and end inside items
+}
+
+
+@pytest.mark.parametrize("spec", STREAM_K_SPECS)
+@pytest.mark.parametrize("lens", list(_STREAM_K_LENS.values()), ids=list(_STREAM_K_LENS))
+@pytest.mark.parametrize("page", [16, 64, None])
+def test_stream_k_pieces(spec, lens, page):
+    """Items in many pieces, many items in one CTA, CTAs with no step, against the reference
+    (poisoned output), twice (the second call's combine must not see the first's pieces), and
+    the launch: one CTA a resident slot, whatever the batch."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("stream_k runs on sm_90a's TMA path")
+    geom = PRESETS["qwen3-8b-dflash-b16"]
+    impl = _fresh(spec)
+    gen = torch.Generator().manual_seed(len(lens) + (page or 0))
+    q, kb, vb = _block_inputs(geom, len(lens), gen)
+    if page:
+        cache = random_paged_context(geom, lens, page, "cuda", gen)
+        ref, fn = reference.paged_attention(q, kb, vb, *cache), impl.paged_attention
+    else:
+        cache = random_arena_context(geom, lens, max(lens) + 5, "cuda", gen)
+        ref, fn = reference.arena_attention(q, kb, vb, *cache), impl.arena_attention
+    for _ in range(2):
+        _poison_allocator(q)
+        _assert_close(fn(q, kb, vb, *cache), ref, geom.dtype)
+    (plan,) = impl._plans.values()
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert plan.attention.grid[1:] == (1, 1) and plan.attention.grid[0] % num_sms == 0
+    assert plan.splits == plan.attention.grid[0]
+
+
+@pytest.mark.parametrize("spec", STREAM_K_SPECS)
+@pytest.mark.parametrize("layout", ["paged", "arena"])
+def test_stream_k_graph_replay_and_no_host_sync(spec, layout):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("stream_k runs on sm_90a's TMA path")
+    test_graph_replay_and_no_host_sync(spec, layout)
+
+
+@pytest.mark.parametrize("spec", STREAM_K_SPECS)
+@pytest.mark.parametrize("page", [16, 64, 128, None])
+def test_stream_k_nan_past_the_context(spec, page):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("stream_k runs on sm_90a's TMA path")
+    test_nan_past_the_context(spec, page)
+
+
+@pytest.mark.parametrize("spec", STREAM_K_SPECS)
+@pytest.mark.parametrize("profile", ["climbing", "sink"])
+def test_stream_k_scores_that_move_the_running_max(spec, profile):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("stream_k runs on sm_90a's TMA path")
+    test_scores_that_move_the_running_max(spec, profile)
