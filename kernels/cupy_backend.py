@@ -890,6 +890,8 @@ def _load(index: int, defines_items: tuple) -> Module:
                                and not defines.get("TMA_LOADS", 0)), bool(defines.get("LEAN", 0)))
     if defines.get("TMA_LOADS", 0):
         smem += tma_bytes(defines["STAGES"], defines["NUM_WARPS"])
+    if defines.get("STREAM_K", 0):
+        smem += SK_STATE_BYTES
     return load_cubin(index, result.cubin_path, smem, defines["NUM_WARPS"] * 32)
 
 
