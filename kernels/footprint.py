@@ -91,10 +91,10 @@ def stream_k_elems(batch: int, num_kv_heads: int, rows: int, head_dim: int,
     """float32 elements of a stream_k call's workspace over `ctas` CTAs, (partial outputs, the
     rest): a slot of `rows` partial rows for each (CTA, item) piece, at most ctas + items of them
     (kernels/cuda/drafter_attention.cu, STREAM_K), their log-sum-exps, then each item's first
-    CTA and piece count (two int32 an item)."""
+    CTA and piece count (two int32 an item) and the steps in all (int64)."""
     items = batch * num_kv_heads
     slots = (ctas + items) * rows
-    return slots * head_dim, slots + 2 * items
+    return slots * head_dim, slots + 2 * items + 2
 
 
 def partials_bytes(batch: int, num_kv_heads: int, rows: int, head_dim: int, splits: int) -> int:

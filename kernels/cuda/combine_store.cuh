@@ -77,7 +77,8 @@ __device__ __forceinline__ void store_row(elem_t* __restrict__ out, const float 
 #if defined(STREAM_K) && STREAM_K
 // STREAM_K (drafter_attention.cu): item i = (b, kvh) lies in pieces on CTAs c0 .. c0 + n - 1,
 // piece k's rows in slot c0 + k + i ([slot][r][D], lse [slot][r]); (c0, n) follow the lse slots
-// of all `ctas` + batch * hkv slots. An item in one piece (n = 1) was written by the attention.
+// of all `ctas` + batch * hkv slots, then the steps in all. An item in one piece (n = 1) was
+// written by the attention.
 // One warp a packed row (b, kvh, r), the pieces read side by side.
 extern "C" __global__ void __launch_bounds__(128)
     drafter_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part,
@@ -98,9 +99,16 @@ extern "C" __global__ void __launch_bounds__(128)
   const int* info = reinterpret_cast<const int*>(lse_part + (ctas + items) * M);
   const int n = info[2 * item + 1];
   if (n <= 1) return;
-  const long long s0 = info[2 * item] + item;
+  const int c0 = info[2 * item];
+  const long long s0 = c0 + item;
+  // CTA c took steps [c T / C, (c+1) T / C): with fewer steps than CTAs some took none and wrote
+  // no piece, though they lie between an item's first and last CTA
+  const long long total = static_cast<unsigned>(info[2 * items]) |
+                          (static_cast<long long>(info[2 * items + 1]) << 32);
+  auto empty = [&](int k) { return total * (c0 + k) / ctas == total * (c0 + k + 1) / ctas; };
   float lmax = -INFINITY;
-  for (int k = lane; k < n; k += 32) lmax = fmaxf(lmax, lse_part[(s0 + k) * M + r]);
+  for (int k = lane; k < n; k += 32)
+    if (!empty(k)) lmax = fmaxf(lmax, lse_part[(s0 + k) * M + r]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) lmax = fmaxf(lmax, __shfl_xor_sync(0xffffffff, lmax, o));
   float acc[PER];
@@ -110,6 +118,7 @@ extern "C" __global__ void __launch_bounds__(128)
   if (lmax != -INFINITY) {
 #pragma unroll 4
     for (int k = 0; k < n; ++k) {
+      if (empty(k)) continue;
       const float w = fast_exp2(lse_part[(s0 + k) * M + r] - lmax);
       union { vec_t v; float f[PER]; } x;
       x.v = *reinterpret_cast<const vec_t*>(o_part + ((s0 + k) * M + r) * D + lane * PER);

@@ -1235,6 +1235,11 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS)
       }
     }
     if (tid == 0) *st = SkState{total, x0, base, found, 0};
+    if (tid == 0 && c == 0) {  // the total, for the combine to tell CTAs with no step
+      int* info = reinterpret_cast<int*>(lse_part + (static_cast<long long>(ctas) + batch * hkv) * qb * group);
+      info[2 * batch * hkv] = static_cast<int>(total);
+      info[2 * batch * hkv + 1] = static_cast<int>(total >> 32);
+    }
   }
   __syncthreads();
   // The walk's state stays in shared memory, read at the top of each segment: the body already
