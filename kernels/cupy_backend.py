@@ -577,7 +577,9 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     if problem is not None and "combine" not in overrides:
         g = problem.geometry
         rows = problem.batch * g.block_size * g.num_q_heads
-        overrides = {"combine": 2 if rows <= COMBINE_CTA_MAX_ROWS else 1, **overrides}
+        # (stream_k's pieces have a combine of their own, a warp a row)
+        cta = rows <= COMBINE_CTA_MAX_ROWS and not overrides.get("stream_k")
+        overrides = {"combine": 2 if cta else 1, **overrides}
     if overrides.get("ws"):  # its own pipeline: none of the pipelined path's knobs
         # and the lean consumer loop (H200: 3-12% faster at B=1-8 on dflash2, gpt-oss and page 16;
         # the tuned pick at 66 of the sm90 profile's 224 keys; results/perf-notes.md, "The ws
