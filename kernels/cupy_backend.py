@@ -32,7 +32,7 @@ from typing import Callable, ClassVar
 import torch
 
 from drafter_attn.kernels import contract
-from drafter_attn.kernels.footprint import partial_elems, stream_k_elems
+from drafter_attn.kernels.footprint import partial_elems
 from drafter_attn.kernels.guards import RecentPlans
 from drafter_attn.kernels.launch import Launch, LaunchGraph, capturing
 from drafter_attn.kernels.nvrtc import compile_for_device
@@ -105,10 +105,6 @@ class Params:
     ws_overlap: bool = False  # ws only: a consumer's P V of one tile issued with the S = Q K^T of
     # its next and run under that tile's softmax, holding two stages (warp_specialized.cuh
     # WS_OVERLAP; `ws_knobs_reason`)
-    stream_k: bool = False  # one CTA a resident slot, the tile steps of all (request, KV head)
-    # items shared out evenly, an item in pieces on neighbouring CTAs merged by the combine,
-    # instead of the same split count for every item (drafter_attention.cu STREAM_K;
-    # `stream_k_reason`)
 
     @property
     def tensor_maps(self) -> bool:
@@ -126,14 +122,9 @@ class Params:
         cta_warps = padded_warps(warps) if wgmma else warps
         q_warps = cta_warps if self.q_smem else 0
         return (smem_bytes(self.tile_n, self.stages, head_dim, q_warps, wgmma, self.overlap)
-                + (SK_STATE_BYTES if self.stream_k else 0)
                 + id_ring_bytes(self.tile_n, self.stages, head_dim, cta_warps, page_size,
                                 wgmma and bool(self.overlap) and not self.tma, self.lean)
                 + (tma_bytes(self.stages, cta_warps) if self.tma else 0))
-
-
-# stream_k's walk state at the end of the dynamic shared memory (drafter_attention.cu, SkState)
-SK_STATE_BYTES = 32
 
 
 def smem_bytes(tile_n: int, stages: int, head_dim: int, q_warps: int = 0,
@@ -347,26 +338,6 @@ def ws_knobs_reason(params: Params) -> str | None:
     return None
 
 
-def stream_k_reason(params: Params) -> str | None:
-    """Why `params.stream_k` cannot apply (None when it can, or is off): it shares the work of
-    the trimmed TMA path out evenly itself, so the split count, the row split and ws (its own
-    kernel) do not combine with it, nor the combine of a CTA a row."""
-    if not params.stream_k:
-        return None
-    if params.ws:
-        return "stream_k=1 shares out the pipelined kernels' work; ws has its own kernel"
-    if params.num_splits:
-        return f"stream_k=1 plans its own pieces: num_splits={params.num_splits} does not apply"
-    if params.row_split > 1:
-        return "stream_k=1 runs whole row sets: row_split=1 only"
-    if params.combine != 1:
-        return "stream_k=1 merges its pieces with the one-warp-a-row combine: combine=1 only"
-    if not (params.tma and params.trim):
-        # elsewhere the walk's registers push the pipelined loop's wgmmas into serialising
-        return "stream_k=1 runs on the trimmed TMA path: it needs tma=1 and trim=1"
-    return None
-
-
 def ws_reason(params: Params, head_dim: int, warps: int, sm: int | None = None) -> str | None:
     """Why `params.ws` cannot apply (None when it can, or is off): 2-4 consumers, sm_90a,
     consumers of one warpgroup (at most 64 packed rows a CTA, `row_split` dealing more; with
@@ -577,9 +548,7 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     if problem is not None and "combine" not in overrides:
         g = problem.geometry
         rows = problem.batch * g.block_size * g.num_q_heads
-        # (stream_k's pieces have a combine of their own, a warp a row)
-        cta = rows <= COMBINE_CTA_MAX_ROWS and not overrides.get("stream_k")
-        overrides = {"combine": 2 if cta else 1, **overrides}
+        overrides = {"combine": 2 if rows <= COMBINE_CTA_MAX_ROWS else 1, **overrides}
     if overrides.get("ws"):  # its own pipeline: none of the pipelined path's knobs
         # and the lean consumer loop (H200: 3-12% faster at B=1-8 on dflash2, gpt-oss and page 16;
         # the tuned pick at 66 of the sm90 profile's 224 keys; results/perf-notes.md, "The ws
@@ -699,8 +668,7 @@ def supports(problem: Problem, params: Params | None = None, sm: int | None = No
     if reason:
         return f"tile_n={params.tile_n} stages={params.stages} {reason}"
     return (overlap_reason(params, g.head_dim, warps, sm) or tma_reason(params, g.head_dim, warps, sm)
-            or trim_reason(params, g.head_dim, warps, sm) or ws_knobs_reason(params)
-            or stream_k_reason(params))
+            or trim_reason(params, g.head_dim, warps, sm) or ws_knobs_reason(params))
 
 
 def tunables(problem: Problem | None = None) -> dict[str, list]:
@@ -721,7 +689,6 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "early_ids": [False, True],
         "ws_rows": [False, True],
         "ws_overlap": [False, True],
-        "stream_k": [False, True],
     }
 
 
@@ -793,11 +760,6 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
             raise ValueError(reason)
     if params.early_ids:  # named only when on: the other ws variants keep their defines
         defines["EARLY_IDS"] = 1
-    if params.stream_k:  # named only when on: the other variants keep their defines
-        reason = stream_k_reason(params)
-        if reason:
-            raise ValueError(reason)
-        defines["STREAM_K"] = 1
     return defines
 
 
@@ -892,8 +854,6 @@ def _load(index: int, defines_items: tuple) -> Module:
                                and not defines.get("TMA_LOADS", 0)), bool(defines.get("LEAN", 0)))
     if defines.get("TMA_LOADS", 0):
         smem += tma_bytes(defines["STAGES"], defines["NUM_WARPS"])
-    if defines.get("STREAM_K", 0):
-        smem += SK_STATE_BYTES
     return load_cubin(index, result.cubin_path, smem, defines["NUM_WARPS"] * 32)
 
 
@@ -955,18 +915,6 @@ class TmaDrafterParams(ctypes.Structure):
     """The TMA variant's arguments: DrafterParams' fields, then the K and V tensor maps."""
 
     _fields_ = DrafterParams._fields_ + [("tma_k", TmaMap), ("tma_v", TmaMap)]
-
-
-class SkDrafterParams(ctypes.Structure):
-    """The stream_k variant's arguments: DrafterParams' fields, then the batch."""
-
-    _fields_ = DrafterParams._fields_ + [("batch", ctypes.c_int)]
-
-
-class SkTmaDrafterParams(ctypes.Structure):
-    """The stream_k TMA variant's arguments: TmaDrafterParams' fields, then the batch."""
-
-    _fields_ = TmaDrafterParams._fields_ + [("batch", ctypes.c_int)]
 
 
 class CombineArgs(ctypes.Structure):
@@ -1059,7 +1007,7 @@ class AttentionPlan:
     """A planned attention shape: the split count, the workspace size and the launches."""
 
     index: int
-    splits: int  # the split count (stream_k: the CTAs the work is shared over)
+    splits: int
     part_elems: int  # float32 elements of o_part (lse_part follows it in one workspace)
     lse_elems: int
     attention: Launch
@@ -1344,29 +1292,24 @@ class CupyBackend:
         """Split count for a call (host shape arithmetic only, identical on every replay)."""
         if params.num_splits:
             return params.num_splits
-        num_sms, resident = self.slots(dims, params, device)
+        index = _index(device)
+        mod = self.family.module_for(index, dims.dtype, dims.head_dim, dims.page_size,
+                                     dims.block_size, dims.group, params)
         # The planned context: the capacity, or the caller's max_ctx hint (an engine's block
         # table is sized for the model's longest context, far wider than the live one). Only the
         # split count follows it: each split still covers its share of the real ctx_lens.
         planned = dims.plan_ctx
         kv_tokens = planned if dims.mask == "full" else min(planned, dims.window)
+        num_sms, sm = device_info(index)
+        resident = mod.resident_ctas(sm_budget(sm).smem_sm)
+        if getattr(params, "ctas_per_sm", 0):
+            resident = min(resident, params.ctas_per_sm)
         # row_split CTAs per (request, KV head) split: the wave model counts them all, and each
         # writes its share of the rows' partials
         row_split = getattr(params, "row_split", 1)
         return choose_splits(dims.batch * row_split, dims.num_kv_heads, kv_tokens, params.tile_n,
                              num_sms, resident,
                              rows=cta_rows(dims.block_size, dims.group, row_split))
-
-    def slots(self, dims, params, device: torch.device) -> tuple[int, int]:
-        """(SMs, CTAs of this variant an SM holds, capped by `ctas_per_sm`) on `device`."""
-        index = _index(device)
-        mod = self.family.module_for(index, dims.dtype, dims.head_dim, dims.page_size,
-                                     dims.block_size, dims.group, params)
-        num_sms, sm = device_info(index)
-        resident = mod.resident_ctas(sm_budget(sm).smem_sm)
-        if getattr(params, "ctas_per_sm", 0):
-            resident = min(resident, params.ctas_per_sm)
-        return num_sms, resident
 
     def _plan_attention(self, key, dims, layout, args) -> AttentionPlan:
         q, _, _, k_cache, v_cache, table, _, out = args
@@ -1377,33 +1320,22 @@ class CupyBackend:
         index = _index(q.device)
         mod = self.family.module_for(index, q.dtype, dims.head_dim, dims.page_size,
                                      dims.block_size, dims.group, p)
+        splits = self.plan_splits(dims, p, q.device)
         rows = dims.block_size * dims.group
-        stream_k = getattr(p, "stream_k", False)  # cutlass's Params have no stream_k
-        if stream_k:  # a CTA a slot; `splits` counts them, the pieces an item is in are fewer
-            splits = math.prod(self.slots(dims, p, q.device))
-            part_elems, lse_elems = stream_k_elems(dims.batch, dims.num_kv_heads, rows,
-                                                   dims.head_dim, splits)
-        else:
-            splits = self.plan_splits(dims, p, q.device)
-            part_elems, lse_elems = partial_elems(dims.batch, dims.num_kv_heads, rows,
-                                                  dims.head_dim, splits)
+        part_elems, lse_elems = partial_elems(dims.batch, dims.num_kv_heads, rows, dims.head_dim,
+                                              splits)
         maps = None
         if getattr(p, "tensor_maps", False):  # cutlass's Params have no TMA variant
             maps = _tma_maps(k_cache, v_cache, dims.page_size, p.tile_n)
-        packed_type = ((SkTmaDrafterParams if maps else SkDrafterParams) if stream_k
-                       else (TmaDrafterParams if maps else DrafterParams))
-        packed = packed_type(
+        packed = (TmaDrafterParams if maps else DrafterParams)(
             loc_stride=loc_stride(k_cache, dims.page_size), qb=dims.block_size, hq=dims.num_q_heads,
             hkv=dims.num_kv_heads, group=dims.group,
             table_stride=table.shape[1] if layout == "paged" else 1, capacity=dims.capacity,
             mask_mode=MASK_CODE[dims.mask], window=dims.window or 0,
             scale_log2=dims.scale * math.log2(math.e))
-        if stream_k:
-            packed.batch = dims.batch
-            grid = (splits, 1, 1)
-        else:  # a split's row_split CTAs adjacent in x
-            grid = (splits * getattr(p, "row_split", 1), dims.num_kv_heads, dims.batch)
-        attention = Launch(mod.attention, grid, (mod.threads, 1, 1), mod.smem, packed)
+        grid_x = splits * getattr(p, "row_split", 1)  # a split's row_split CTAs adjacent in x
+        attention = Launch(mod.attention, (grid_x, dims.num_kv_heads, dims.batch),
+                           (mod.threads, 1, 1), mod.smem, packed)
         combine = None
         if splits > 1:
             total_rows = dims.batch * dims.num_kv_heads * rows

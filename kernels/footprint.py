@@ -86,17 +86,6 @@ def partial_elems(batch: int, num_kv_heads: int, rows: int, head_dim: int,
     return lse * head_dim, lse
 
 
-def stream_k_elems(batch: int, num_kv_heads: int, rows: int, head_dim: int,
-                   ctas: int) -> tuple[int, int]:
-    """float32 elements of a stream_k call's workspace over `ctas` CTAs, (partial outputs, the
-    rest): a slot of `rows` partial rows for each (CTA, item) piece, at most ctas + items of them
-    (kernels/cuda/drafter_attention.cu, STREAM_K), their log-sum-exps, then each item's first
-    CTA and piece count (two int32 an item) and the steps in all (int64)."""
-    items = batch * num_kv_heads
-    slots = (ctas + items) * rows
-    return slots * head_dim, slots + 2 * items + 2
-
-
 def partials_bytes(batch: int, num_kv_heads: int, rows: int, head_dim: int, splits: int) -> int:
     """Bytes of the split-KV workspace (`partial_elems`, float32)."""
     return PARTIAL_BYTES * sum(partial_elems(batch, num_kv_heads, rows, head_dim, splits))

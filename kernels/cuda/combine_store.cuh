@@ -74,62 +74,7 @@ __device__ __forceinline__ void store_row(elem_t* __restrict__ out, const float 
 
 // Merge the splits of drafter_attention: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max).
 // Partial layout [split][b][kvh][r][D], lse [split][b][kvh][r].
-#if defined(STREAM_K) && STREAM_K
-// STREAM_K (drafter_attention.cu): item i = (b, kvh) lies in pieces on CTAs c0 .. c0 + n - 1,
-// piece k's rows in slot c0 + k + i ([slot][r][D], lse [slot][r]); (c0, n) follow the lse slots
-// of all `ctas` + batch * hkv slots, then the steps in all. An item in one piece (n = 1) was
-// written by the attention.
-// One warp a packed row (b, kvh, r), the pieces read side by side.
-extern "C" __global__ void __launch_bounds__(128)
-    drafter_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part,
-                    elem_t* __restrict__ out, int batch, int qb, int hq, int hkv,
-                    int group, int ctas) {
-  using namespace drafter;
-  constexpr int D = HEAD_DIM;
-  constexpr int PER = D / 32;
-  static_assert(PER == 2 || PER == 4, "combine: head_dim 64 or 128");
-  using vec_t = typename VecOf<PER>::type;
-  const int M = qb * group;
-  const long long items = static_cast<long long>(batch) * hkv;
-  const long long row = static_cast<long long>(blockIdx.x) * 4 + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= items * M) return;
-  const long long item = row / M;
-  const int r = static_cast<int>(row % M);
-  const int* info = reinterpret_cast<const int*>(lse_part + (ctas + items) * M);
-  const int n = info[2 * item + 1];
-  if (n <= 1) return;
-  const int c0 = info[2 * item];
-  const long long s0 = c0 + item;
-  // CTA c took steps [c T / C, (c+1) T / C): with fewer steps than CTAs some took none and wrote
-  // no piece, though they lie between an item's first and last CTA
-  const long long total = static_cast<unsigned>(info[2 * items]) |
-                          (static_cast<long long>(info[2 * items + 1]) << 32);
-  auto empty = [&](int k) { return total * (c0 + k) / ctas == total * (c0 + k + 1) / ctas; };
-  float lmax = -INFINITY;
-  for (int k = lane; k < n; k += 32)
-    if (!empty(k)) lmax = fmaxf(lmax, lse_part[(s0 + k) * M + r]);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) lmax = fmaxf(lmax, __shfl_xor_sync(0xffffffff, lmax, o));
-  float acc[PER];
-#pragma unroll
-  for (int e = 0; e < PER; ++e) acc[e] = 0.f;
-  float wsum = 0.f;
-  if (lmax != -INFINITY) {
-#pragma unroll 4
-    for (int k = 0; k < n; ++k) {
-      if (empty(k)) continue;
-      const float w = fast_exp2(lse_part[(s0 + k) * M + r] - lmax);
-      union { vec_t v; float f[PER]; } x;
-      x.v = *reinterpret_cast<const vec_t*>(o_part + ((s0 + k) * M + r) * D + lane * PER);
-      wsum += w;
-#pragma unroll
-      for (int e = 0; e < PER; ++e) acc[e] += w * x.f[e];
-    }
-  }
-  store_row(out, acc, wsum, row, M, qb, hq, hkv, group, lane);
-}
-#elif COMBINE_CTA
+#if COMBINE_CTA
 // One CTA of 4 warps per packed row (b, kvh, r), the row's splits dealt over the warps (warp w
 // takes splits w, w + 4, ...), the 4 partial sums added in shared memory. The one-warp-a-row
 // version below runs a B=1 call's 512 rows as 4 warps an SM, each walking all 33 splits: 6.8 us

@@ -49,9 +49,6 @@
 #ifndef WARP_SPEC
 #define WARP_SPEC 0  // a producer warpgroup and WS_CONSUMERS consumer warpgroups: warp_specialized.cuh
 #endif
-#ifndef STREAM_K
-#define STREAM_K 0  // the grid's CTAs share the work's tile steps out evenly across items (below)
-#endif
 // cache_offset, and the drafter_combine / drafter_store kernels of this module
 #include "combine_store.cuh"
 #include "params.cuh"
@@ -63,12 +60,6 @@
 #define DRAFTER_TMA_PARAMS , const TmaMap* __restrict__ tma_k, const TmaMap* __restrict__ tma_v
 #else
 #define DRAFTER_TMA_PARAMS
-#endif
-#if STREAM_K
-// the item segment one call of the body runs (see the STREAM_K kernel at the end of this file)
-#define DRAFTER_SK_PARAMS , int b, int kvh, int u0, int u1
-#else
-#define DRAFTER_SK_PARAMS
 #endif
 
 using namespace drafter;
@@ -330,24 +321,6 @@ constexpr float RESCALE_SLACK = 8.f;
 
 }  // namespace
 
-#if !defined(DRAFTER_LAYOUTS_ONLY) && STREAM_K && !WARP_SPEC
-// STREAM_K's walk over the CTA's range (the kernel at the end of this file): the steps in all,
-// the next step, the steps before request b, and the partial slot of the running segment. It
-// lies in the last SK_STATE_BYTES of the dynamic shared memory (the host adds them): a static
-// __shared__ variable would pad the stages' 1024-byte alignment with a whole KB, and two 64-key
-// CTAs an SM have 976 bytes to spare.
-struct SkState {
-  long long total, x, base;
-  int b, piece;
-};
-static_assert(sizeof(SkState) == 32, "kernels/cupy_backend.py SK_STATE_BYTES");
-__device__ __forceinline__ SkState* sk_state() {
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned bytes;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
-  return reinterpret_cast<SkState*>(smem_raw + ((bytes - sizeof(SkState)) & ~7u));
-}
-#endif
 #if !defined(DRAFTER_LAYOUTS_ONLY) && WARP_SPEC
 #include "warp_specialized.cuh"
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
@@ -363,7 +336,7 @@ __device__ __forceinline__ void attention_body(
     const int* __restrict__ table, const int* __restrict__ ctx_lens, elem_t* __restrict__ out,
     float* __restrict__ o_part, float* __restrict__ lse_part, int qb, int hq, int hkv, int group,
     int table_stride, int capacity, int loc_stride, int mask_mode, int window, float scale_log2
-    DRAFTER_TMA_PARAMS DRAFTER_SK_PARAMS) {
+    DRAFTER_TMA_PARAMS) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // swizzle atoms: 1024 B
   // V stages: OVERLAP keeps V(v-1) in use one tile longer than K (see the #if OVERLAP block).
   // (Function-local: a namespace-scope constant would add a symbol to every cubin.)
@@ -375,10 +348,8 @@ __device__ __forceinline__ void attention_body(
 
   // ROW_SPLIT: the ROW_SPLIT CTAs of one split are adjacent in x, so they run together and
   // their common K/V tiles come from L2 after the first read (ROW_SPLIT 1 folds all of it away)
-#if !STREAM_K
   const int split = blockIdx.x / ROW_SPLIT, num_splits = gridDim.x / ROW_SPLIT;
   const int kvh = blockIdx.y, b = blockIdx.z, batch = gridDim.z;
-#endif
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int M = qb * group;
   int r_lo = 0, r_end = M;  // this CTA's rows
@@ -392,17 +363,10 @@ __device__ __forceinline__ void attention_body(
   const int lo = windowed ? max(0, P - window + 1) : 0;
   const int t_lo = lo / N, t_hi = (P + N - 1) / N;
   const int n_ctx = t_hi - t_lo;
-#if STREAM_K
-  // the segment's steps [u0, u1) of the item's n_ctx + 1: its context tiles, then the block
-  const int t0 = t_lo + u0, t1 = t_lo + min(u1, n_ctx);
-  const bool has_block = u1 > n_ctx;
-  const bool whole = u0 == 0 && has_block;  // the item in one segment: the output itself
-#else
   const int t0 = t_lo + static_cast<int>(static_cast<long long>(n_ctx) * split / num_splits);
   const int t1 = t_lo + static_cast<int>(static_cast<long long>(n_ctx) * (split + 1) / num_splits);
-  const bool has_block = split == num_splits - 1;
-#endif
   const int n_ctx_here = t1 - t0;
+  const bool has_block = split == num_splits - 1;
   const int n_iter = n_ctx_here + (has_block ? 1 : 0);
   const int* trow = table + static_cast<long long>(b) * table_stride;
 
@@ -1117,11 +1081,7 @@ __device__ __forceinline__ void attention_body(
   l1 += __shfl_xor_sync(0xffffffff, l1, 1);
   l1 += __shfl_xor_sync(0xffffffff, l1, 2);
   const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-#if STREAM_K
-  if (whole) {
-#else
   if (num_splits == 1) {
-#endif
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = half ? r1 : r0;
@@ -1136,11 +1096,7 @@ __device__ __forceinline__ void attention_body(
       }
     }
   } else {
-#if STREAM_K
-    const long long row_base = static_cast<long long>(sk_state()->piece) * M;
-#else
     const long long row_base = ((static_cast<long long>(split) * batch + b) * hkv + kvh) * M;
-#endif
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = half ? r1 : r0;
@@ -1158,123 +1114,9 @@ __device__ __forceinline__ void attention_body(
       }
     }
   }
-#if STREAM_K
-  // The CTA's next segment reuses the stages and, with TMA, the barriers: every thread is past
-  // its last wait before they are invalidated (the next call initialises them at phase 0).
-  __syncthreads();
-#if OVERLAP && TMA_LOADS
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) mbar_inval(bars + s);
-  }
-#endif
-#endif
 }
 
-#if STREAM_K
-// ---- STREAM_K: a CTA a resident slot (the host launches SMs x CTAs an SM), the work shared out
-// evenly in steps: item i = (request b, KV head) is n_ctx(P_b) + 1 steps (its context tiles, then
-// the block), the items laid end to end (b major), T steps in all, and CTA c takes steps
-// [c T / C, (c+1) T / C). A split plan gives every item the same count of splits, so batch x
-// KV heads x splits CTAs fill whole waves only where they divide the slots (256 CTAs on 264 slots
-// at B=32 ctx 8k leave 4 of 132 SMs idle); here every slot gets the same steps, within one.
-// A CTA runs each item segment its range covers in turn: a whole item writes the output, a
-// piece of one its partial rows in slot c + i (one slot a (CTA, item) pair: both only grow along
-// the range), and the CTA holding an item's first step records where its pieces lie, for the
-// combine (drafter_combine, STREAM_K).
-__device__ __forceinline__ int sk_steps(const int* __restrict__ ctx_lens, int b, int capacity,
-                                        int mask_mode, int window) {
-  const int P = max(0, min(ctx_lens[b], capacity));
-  const int lo = mask_mode != MASK_FULL ? max(0, P - window + 1) : 0;
-  return (P + N - 1) / N - lo / N + 1;
-}
-// the CTA (of `ctas`) whose range holds step x of `total`: the largest c with c T / C <= x
-__device__ __forceinline__ int sk_owner(long long x, long long total, int ctas) {
-  return static_cast<int>(((x + 1) * ctas - 1) / total);
-}
 #if TMA_LOADS
-#define DRAFTER_SK_TMA , &tma_k, &tma_v
-extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS)
-    drafter_attention(DRAFTER_KERNEL_PARAMS, const __grid_constant__ TmaMap tma_k,
-                      const __grid_constant__ TmaMap tma_v, int batch) {
-#else
-#define DRAFTER_SK_TMA
-extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS)
-    drafter_attention(DRAFTER_KERNEL_PARAMS, int batch) {
-#endif
-  const int c = blockIdx.x, ctas = gridDim.x, tid = threadIdx.x;
-  SkState* st = sk_state();
-  if (tid < 32) {  // warp 0: every request's steps, twice (the total, then where x0 falls)
-    long long total = 0;
-    for (int b0 = 0; b0 < batch; b0 += 32) {
-      const int b = b0 + tid;
-      long long n = b < batch ? static_cast<long long>(hkv) * sk_steps(ctx_lens, b, capacity, mask_mode, window) : 0;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
-      total += n;
-    }
-    const long long x0 = total * c / ctas;
-    long long base = 0;
-    int found = batch;
-    for (int b0 = 0; b0 < batch && found == batch; b0 += 32) {
-      const int b = b0 + tid;
-      long long n = b < batch ? static_cast<long long>(hkv) * sk_steps(ctx_lens, b, capacity, mask_mode, window) : 0;
-      long long incl = n;  // inclusive scan over the lanes
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const long long y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (tid >= o) incl += y;
-      }
-      const unsigned past = __ballot_sync(0xffffffffu, b < batch && base + incl > x0);
-      if (past) {
-        const int lane = __ffs(past) - 1;
-        found = b0 + lane;
-        base += __shfl_sync(0xffffffffu, incl - n, lane);
-      } else {
-        base += __shfl_sync(0xffffffffu, incl, 31);
-      }
-    }
-    if (tid == 0) *st = SkState{total, x0, base, found, 0};
-    if (tid == 0 && c == 0) {  // the total, for the combine to tell CTAs with no step
-      int* info = reinterpret_cast<int*>(lse_part + (static_cast<long long>(ctas) + batch * hkv) * qb * group);
-      info[2 * batch * hkv] = static_cast<int>(total);
-      info[2 * batch * hkv + 1] = static_cast<int>(total >> 32);
-    }
-  }
-  __syncthreads();
-  // The walk's state stays in shared memory, read at the top of each segment: the body already
-  // takes the register file (253 of 255 registers at 64-key TMA tiles), and state held across
-  // it spilled.
-  for (;;) {
-    const long long total = st->total, x = st->x, base = st->base;
-    const int b = st->b;
-    const long long x1 = total * (c + 1) / ctas;
-    if (x >= x1) break;
-    const int steps = sk_steps(ctx_lens, b, capacity, mask_mode, window);
-    const int kvh = static_cast<int>((x - base) / steps);
-    const long long first = base + static_cast<long long>(kvh) * steps;  // the item's first step
-    const int u0 = static_cast<int>(x - first);
-    const int u1 = static_cast<int>(min(static_cast<long long>(steps), x1 - first));
-    __syncthreads();  // every thread has read the state
-    if (tid == 0) {
-      const int item = b * hkv + kvh;
-      if (u0 == 0) {  // the item's first CTA and its count of pieces
-        int* info = reinterpret_cast<int*>(lse_part + (static_cast<long long>(ctas) + batch * hkv) * qb * group);
-        info[2 * item] = c;
-        info[2 * item + 1] = sk_owner(first + steps - 1, total, ctas) - c + 1;
-      }
-      st->piece = c + item;
-      st->x = first + u1;
-      if (kvh == hkv - 1 && u1 == steps) {  // the request's last item: on to the next request
-        st->base = base + static_cast<long long>(hkv) * steps;
-        st->b = b + 1;
-      }
-    }
-    // (the body's first barrier publishes the piece; its last one the next state)
-    attention_body(DRAFTER_BODY_ARGS DRAFTER_SK_TMA, b, kvh, u0, u1);
-  }
-}
-#elif TMA_LOADS
 // The tensor maps of the K and V caches (kernels/tma.py), after the shared parameters.
 extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS)
     drafter_attention(DRAFTER_KERNEL_PARAMS, const __grid_constant__ TmaMap tma_k,

@@ -15,10 +15,6 @@ namespace drafter {
 __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
 }
-// the barrier's memory free for another init (STREAM_K: a CTA's next item segment)
-__device__ __forceinline__ void mbar_inval(unsigned long long* bar) {
-  asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
 // the barrier inits visible to the async proxy (the TMA unit) before any copy completes on them
 __device__ __forceinline__ void mbar_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
