@@ -837,24 +837,33 @@ def load_cubin(index: int, cubin_path, smem: int, threads: int) -> Module:
     return Module(*handles, smem, regs, threads, owner=mod)
 
 
+def module_smem(defines: dict[str, int]) -> int:
+    """Dynamic shared memory a variant's attention kernel launches with, from its compile-time
+    defines: what its kernel source lays out (the stages, Q, the page-id ring, the TMA barriers
+    and page ids, or the warp-specialised kernel's own layout). `Params.smem_bytes` plans with
+    the same sums before anything compiles (tests/test_smem.py holds the two together)."""
+    if defines.get("WARP_SPEC", 0):
+        return ws_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
+                        defines["WS_CONSUMERS"], bool(defines.get("EARLY_IDS", 0)),
+                        bool(defines.get("WS_ROWS", 0)))
+    overlap = defines.get("OVERLAP", 0)
+    smem = smem_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
+                      defines["NUM_WARPS"] if defines["Q_SMEM"] else 0, defines["WGMMA"], overlap)
+    smem += id_ring_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
+                          defines["NUM_WARPS"], defines["PAGE_SIZE"],
+                          bool(defines["WGMMA"] and overlap and not defines.get("TMA_LOADS", 0)),
+                          bool(defines.get("LEAN", 0)))
+    if defines.get("TMA_LOADS", 0):
+        smem += tma_bytes(defines["STAGES"], defines["NUM_WARPS"])
+    return smem
+
+
 def _load(index: int, defines_items: tuple) -> Module:
     defines = dict(defines_items)
     result = compile_variant(defines, device_info(index)[1])
-    if defines.get("WARP_SPEC", 0):
-        consumers = defines["WS_CONSUMERS"]
-        smem = ws_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"], consumers,
-                        bool(defines.get("EARLY_IDS", 0)), bool(defines.get("WS_ROWS", 0)))
-        return load_cubin(index, result.cubin_path, smem, ws_threads(consumers))
-    smem = smem_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
-                      defines["NUM_WARPS"] if defines["Q_SMEM"] else 0, defines["WGMMA"],
-                      defines.get("OVERLAP", 0))
-    smem += id_ring_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
-                          defines["NUM_WARPS"], defines["PAGE_SIZE"],
-                          bool(defines["WGMMA"] and defines.get("OVERLAP", 0)
-                               and not defines.get("TMA_LOADS", 0)), bool(defines.get("LEAN", 0)))
-    if defines.get("TMA_LOADS", 0):
-        smem += tma_bytes(defines["STAGES"], defines["NUM_WARPS"])
-    return load_cubin(index, result.cubin_path, smem, defines["NUM_WARPS"] * 32)
+    threads = (ws_threads(defines["WS_CONSUMERS"]) if defines.get("WARP_SPEC", 0)
+               else defines["NUM_WARPS"] * 32)
+    return load_cubin(index, result.cubin_path, module_smem(defines), threads)
 
 
 @dataclass(frozen=True)
