@@ -613,10 +613,13 @@ def _check_forced_splits(spec: str, splits: int, geom: Geometry, ctas_per_split:
 
 # Specs: three consumers in 6 stages (the default) and in 9 with early_ids; two consumers (up to
 # 128 rows: laguna and GQA 12 are refused, which the matrix checks too); with ws_overlap (each
-# consumer then holds two stages: 2 stages leave the producer none to fill ahead).
+# consumer then holds two stages: 2 stages leave the producer none to fill ahead); on 64-key
+# tiles in 3 and 4 stages (half the steps of a consumer's chain a key).
 WS_ROWS_SPECS = ["cupy:ws=3,ws_rows=1", "cupy:ws=3,ws_rows=1,stages=9,early_ids=1",
                  "cupy:ws=2,ws_rows=1", "cupy:ws=3,ws_rows=1,early_ids=1,ws_overlap=1",
-                 "cupy:ws=3,ws_rows=1,stages=2,ws_overlap=1"]
+                 "cupy:ws=3,ws_rows=1,stages=2,ws_overlap=1",
+                 "cupy:ws=3,ws_rows=1,tile_n=64,stages=4,early_ids=1,ws_overlap=1",
+                 "cupy:ws=3,ws_rows=1,tile_n=64,stages=3,early_ids=1"]
 
 
 def _ws_rows_cases():
