@@ -105,9 +105,6 @@ class Params:
     ws_overlap: bool = False  # ws only: a consumer's P V of one tile issued with the S = Q K^T of
     # its next and run under that tile's softmax, holding two stages (warp_specialized.cuh
     # WS_OVERLAP; `ws_knobs_reason`)
-    persist: bool = False  # ws_rows only: one CTA an SM walking the call's (split, KV head,
-    # request) items, its pipeline running on from one item into the next and each consumer's
-    # next Q copied in during this one (warp_specialized.cuh WS_PERSIST; `ws_knobs_reason`)
 
     @property
     def tensor_maps(self) -> bool:
@@ -121,7 +118,7 @@ class Params:
         pipelined path's page-id ring where it has one."""
         if self.ws:
             return ws_bytes(self.tile_n, self.stages, head_dim, self.ws, self.early_ids,
-                            self.ws_rows, self.persist)
+                            self.ws_rows)
         cta_warps = padded_warps(warps) if wgmma else warps
         q_warps = cta_warps if self.q_smem else 0
         return (smem_bytes(self.tile_n, self.stages, head_dim, q_warps, wgmma, self.overlap)
@@ -166,13 +163,13 @@ def tma_bytes(stages: int, warps: int) -> int:
 
 
 def ws_bytes(tile_n: int, stages: int, head_dim: int, consumers: int,
-             early_ids: bool = False, ws_rows: bool = False, persist: bool = False) -> int:
+             early_ids: bool = False, ws_rows: bool = False) -> int:
     """Shared memory of the warp-specialised kernel (`ws`, warp_specialized.cuh): the K and V
     stages, the Q stage (64 rows; with `ws_rows` one a consumer), a full and an empty barrier a
     stage and Q's, 2 KB for the row maxima and sums each consumer but the first hands it (their O
     goes through their last stages), and with `early_ids` the 64 page ids the producer copies
-    first. `persist` doubles the Q stages (a consumer's next item's rows land in the second)."""
-    q_stages = (consumers if ws_rows else 1) * (2 if persist else 1)
+    first."""
+    q_stages = consumers if ws_rows else 1
     return (2 * stages * tile_n * head_dim * 2 + q_stages * 64 * head_dim * 2 + stages * 16 + 8
             + (consumers - 1) * 4 * 128 * 4 + (64 * 4 if early_ids else 0))
 
@@ -335,10 +332,6 @@ def ws_knobs_reason(params: Params) -> str | None:
         return "ws_overlap=1 pipelines the warp-specialised kernel's consumers (ws=2..4)"
     if params.ws_overlap and not params.lean:
         return "ws_overlap=1 pipelines the lean consumer loop: it needs lean=1 (ws's default)"
-    if params.persist and not (params.ws and params.ws_rows):
-        return "persist=1 walks the items with ws_rows' consumers (ws=2..4, ws_rows=1)"
-    if params.persist and params.early_ids:
-        return "persist=1 reads each item's page ids as it starts: early_ids=1 does not apply"
     if params.ws_overlap and params.ws == 4:
         # ptxas: 80-116 bytes spilled and every wgmma serialised for want of registers
         return "ws_overlap=1 holds a second tile's P, for which four consumers' 112 registers are too few"
@@ -696,7 +689,6 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "early_ids": [False, True],
         "ws_rows": [False, True],
         "ws_overlap": [False, True],
-        "persist": [False, True],
     }
 
 
@@ -762,14 +754,12 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         if reason:
             raise ValueError(reason)
         defines["TRIM"] = 1
-    if params.early_ids or params.ws_rows or params.ws_overlap or params.persist:  # ws's own knobs
+    if params.early_ids or params.ws_rows or params.ws_overlap:  # ws's own knobs
         reason = ws_knobs_reason(params)
         if reason:
             raise ValueError(reason)
     if params.early_ids:  # named only when on: the other ws variants keep their defines
         defines["EARLY_IDS"] = 1
-    if params.persist:
-        defines["WS_PERSIST"] = 1
     return defines
 
 
@@ -855,7 +845,7 @@ def module_smem(defines: dict[str, int]) -> int:
     if defines.get("WARP_SPEC", 0):
         return ws_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
                         defines["WS_CONSUMERS"], bool(defines.get("EARLY_IDS", 0)),
-                        bool(defines.get("WS_ROWS", 0)), bool(defines.get("WS_PERSIST", 0)))
+                        bool(defines.get("WS_ROWS", 0)))
     overlap = defines.get("OVERLAP", 0)
     smem = smem_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
                       defines["NUM_WARPS"] if defines["Q_SMEM"] else 0, defines["WGMMA"], overlap)
@@ -934,13 +924,6 @@ class TmaDrafterParams(ctypes.Structure):
     """The TMA variant's arguments: DrafterParams' fields, then the K and V tensor maps."""
 
     _fields_ = DrafterParams._fields_ + [("tma_k", TmaMap), ("tma_v", TmaMap)]
-
-
-class PersistDrafterParams(ctypes.Structure):
-    """The `persist` variant's arguments: TmaDrafterParams' fields, then the work items' counts
-    (its grid is one CTA an SM, not the items)."""
-
-    _fields_ = TmaDrafterParams._fields_ + [("batch", ctypes.c_int), ("num_splits", ctypes.c_int)]
 
 
 class CombineArgs(ctypes.Structure):
@@ -1353,20 +1336,15 @@ class CupyBackend:
         maps = None
         if getattr(p, "tensor_maps", False):  # cutlass's Params have no TMA variant
             maps = _tma_maps(k_cache, v_cache, dims.page_size, p.tile_n)
-        persist = getattr(p, "persist", False)  # cutlass's Params have no persist
-        packed = (PersistDrafterParams if persist else TmaDrafterParams if maps else DrafterParams)(
+        packed = (TmaDrafterParams if maps else DrafterParams)(
             loc_stride=loc_stride(k_cache, dims.page_size), qb=dims.block_size, hq=dims.num_q_heads,
             hkv=dims.num_kv_heads, group=dims.group,
             table_stride=table.shape[1] if layout == "paged" else 1, capacity=dims.capacity,
             mask_mode=MASK_CODE[dims.mask], window=dims.window or 0,
             scale_log2=dims.scale * math.log2(math.e))
-        if persist:  # one CTA an SM (or an item) walking the items
-            packed.batch, packed.num_splits = dims.batch, splits
-            items = splits * dims.num_kv_heads * dims.batch
-            grid = (min(items, device_info(index)[0]), 1, 1)
-        else:  # a split's row_split CTAs adjacent in x
-            grid = (splits * getattr(p, "row_split", 1), dims.num_kv_heads, dims.batch)
-        attention = Launch(mod.attention, grid, (mod.threads, 1, 1), mod.smem, packed)
+        grid_x = splits * getattr(p, "row_split", 1)  # a split's row_split CTAs adjacent in x
+        attention = Launch(mod.attention, (grid_x, dims.num_kv_heads, dims.batch),
+                           (mod.threads, 1, 1), mod.smem, packed)
         combine = None
         if splits > 1:
             total_rows = dims.batch * dims.num_kv_heads * rows

@@ -619,8 +619,7 @@ WS_ROWS_SPECS = ["cupy:ws=3,ws_rows=1", "cupy:ws=3,ws_rows=1,stages=9,early_ids=
                  "cupy:ws=2,ws_rows=1", "cupy:ws=3,ws_rows=1,early_ids=1,ws_overlap=1",
                  "cupy:ws=3,ws_rows=1,stages=2,ws_overlap=1",
                  "cupy:ws=3,ws_rows=1,tile_n=64,stages=4,early_ids=1,ws_overlap=1",
-                 "cupy:ws=3,ws_rows=1,tile_n=64,stages=3,early_ids=1",
-                 "cupy:ws=3,ws_rows=1,persist=1", "cupy:ws=3,ws_rows=1,persist=1,ws_overlap=1"]
+                 "cupy:ws=3,ws_rows=1,tile_n=64,stages=3,early_ids=1"]
 
 
 def _ws_rows_cases():
@@ -650,53 +649,3 @@ def test_ws_rows_forced_splits(splits, geom):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the warp-specialised kernel is sm_90a's")
     _check_forced_splits("cupy:ws=3,ws_rows=1", splits, geom, ctas_per_split=1)
-
-
-# `persist`: one ws_rows CTA an SM walks the call's (split, KV head, request) items, its
-# pipeline running on from one item into the next. Items outnumber the SMs only at larger
-# batches, so these cases add them to the random matrix above (WS_ROWS_SPECS).
-PERSIST_SPECS = ["cupy:ws=3,ws_rows=1,persist=1", "cupy:ws=3,ws_rows=1,persist=1,ws_overlap=1"]
-
-
-@pytest.mark.parametrize("spec", PERSIST_SPECS)
-@pytest.mark.parametrize("geom", [PRESETS["laguna-dflash"], ROW_SPLIT_GEOMETRIES[1]],
-                         ids=["laguna", "gqa12"])
-@pytest.mark.parametrize("page", [16, 64, None])
-@pytest.mark.parametrize("splits", [0, 3])
-def test_persist_walks_many_items(spec, geom, page, splits):
-    """48 ragged requests (empty ones among them) over every mask's window: 384-1152 items for
-    132 CTAs, each walking several with its stages' phases carried from item to item and its
-    next Q copied in during the last one; twice (the second call's items start where the first
-    left the barriers' phases: fresh at launch), against the reference, poisoned output; and the
-    launch: one CTA an SM."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the warp-specialised kernel is sm_90a's")
-    impl = _fresh(spec).with_params(num_splits=splits) if splits else _fresh(spec)
-    rng = random.Random(48 + splits)
-    lens = [rng.choice([0, 1, 17, 63, 64, 65, 511, 513, 2000, rng.randrange(1, 5000)])
-            for _ in range(48)]
-    for mask, window in (("full", None), ("sliding_causal", 512), ("sliding", 37)):
-        g = geom.with_(mask=mask, window=window)
-        gen = torch.Generator().manual_seed(len(mask) + (page or 0))
-        q, kb, vb = _block_inputs(g, len(lens), gen)
-        kw = dict(mask=g.mask, window=g.window)
-        if page:
-            cache = random_paged_context(g, lens, page, "cuda", gen)
-            ref, fn = reference.paged_attention(q, kb, vb, *cache, **kw), impl.paged_attention
-        else:
-            cache = random_arena_context(g, lens, max(lens) + 5, "cuda", gen)
-            ref, fn = reference.arena_attention(q, kb, vb, *cache, **kw), impl.arena_attention
-        for _ in range(2):
-            _poison_allocator(q)
-            _assert_close(fn(q, kb, vb, *cache, **kw), ref, g.dtype)
-    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for plan in impl._plans.values():
-        assert plan.attention.grid == (num_sms, 1, 1)
-
-
-@pytest.mark.parametrize("spec", PERSIST_SPECS)
-@pytest.mark.parametrize("layout", ["paged", "arena"])
-def test_persist_graph_replay_and_no_host_sync(spec, layout):
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the warp-specialised kernel is sm_90a's")
-    test_graph_replay_and_no_host_sync(spec, layout)

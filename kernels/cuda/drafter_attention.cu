@@ -322,19 +322,11 @@ constexpr float RESCALE_SLACK = 8.f;
 }  // namespace
 
 #if !defined(DRAFTER_LAYOUTS_ONLY) && WARP_SPEC
-#if defined(WS_PERSIST) && WS_PERSIST
-// the work items are (split, KV head, request) of these counts, no longer the grid's shape
-#define WS_PERSIST_PARAMS , int batch, int num_splits
-#define WS_PERSIST_ARGS , batch, num_splits
-#else
-#define WS_PERSIST_PARAMS
-#define WS_PERSIST_ARGS
-#endif
 #include "warp_specialized.cuh"
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
     drafter_attention(DRAFTER_KERNEL_PARAMS, const __grid_constant__ TmaMap tma_k,
-                      const __grid_constant__ TmaMap tma_v WS_PERSIST_PARAMS) {
-  ws_attention_body(DRAFTER_BODY_ARGS, &tma_k, &tma_v WS_PERSIST_ARGS);
+                      const __grid_constant__ TmaMap tma_v) {
+  ws_attention_body(DRAFTER_BODY_ARGS, &tma_k, &tma_v);
 }
 #elif !defined(DRAFTER_LAYOUTS_ONLY)
 // The kernel's body takes the fields as parameters: __restrict__ holds for parameters only.

@@ -38,12 +38,6 @@
 // stage of its own, every consumer reads every tile (a stage is free once all have read it), and
 // each stores its own rows, with no hand-over. A tile then leaves DRAM once for all the rows of
 // its (request, KV head), where ROW_SPLIT's CTAs read it once each (all but the first from L2).
-// WS_PERSIST (`persist`, with WS_ROWS): one CTA an SM for the whole call. CTA x takes the work
-// items (split, KV head, request) x, x + gridDim.x, ...; its producer runs on into the next
-// item's tiles while the consumers finish this one's, the stages' barrier phases counting tiles
-// across items, and each consumer copies its next item's Q rows into a second Q stage of its own
-// while it works on this one. So only a CTA's first item starts cold and only its last drains,
-// where one CTA an item pays both for every item (laguna B=32: 256 CTAs in two waves).
 #pragma once
 
 #ifndef WS_CONSUMERS
@@ -58,9 +52,6 @@
 #ifndef WS_OVERLAP
 #define WS_OVERLAP 0  // a consumer's P V of one tile under the S = Q K^T of its next (`ws_overlap`)
 #endif
-#ifndef WS_PERSIST
-#define WS_PERSIST 0  // one CTA an SM walking the call's work items (`persist`)
-#endif
 namespace {
 constexpr int WS_THREADS = 128 * (1 + WS_CONSUMERS);
 static_assert(WS_CONSUMERS >= 2 && WS_CONSUMERS <= 4, "WARP_SPEC: 2, 3 or 4 consumer warpgroups");
@@ -69,11 +60,7 @@ static_assert(WGMMA && TMA_LOADS && NUM_WARPS == 4 && !Q_SMEM && !OVERLAP,
 constexpr int Q_ELEMS = 64 * D;  // the CTA's 64 packed rows, in 64-column halves as a K tile
 // WS_ROWS: a Q stage a consumer (its own rows), and no hand-over of O at the end
 constexpr int Q_STAGES = WS_ROWS ? WS_CONSUMERS : 1;
-// WS_PERSIST: a second set, where each consumer's next item's Q lands
-constexpr int Q_BUFS = Q_STAGES * (WS_PERSIST ? 2 : 1);
 static_assert(!WS_ROWS || ROW_SPLIT == 1, "WS_ROWS holds all of a split's rows in one CTA");
-static_assert(!WS_PERSIST || (WS_ROWS && !EARLY_IDS),
-              "WS_PERSIST: ws_rows (each consumer its own rows), ids read as each item starts");
 // element offset of (row, col) in the Q stage: the 128-byte-swizzled K-major layout of tile_off
 __device__ __forceinline__ int q_off(int row, int col) {
   const int c = col >> 3;
@@ -136,21 +123,19 @@ __device__ __forceinline__ void ws_attention_body(
     const int* __restrict__ table, const int* __restrict__ ctx_lens, elem_t* __restrict__ out,
     float* __restrict__ o_part, float* __restrict__ lse_part, int qb, int hq, int hkv, int group,
     int table_stride, int capacity, int loc_stride, int mask_mode, int window, float scale_log2,
-    const TmaMap* __restrict__ tma_k, const TmaMap* __restrict__ tma_v WS_PERSIST_PARAMS) {
+    const TmaMap* __restrict__ tma_k, const TmaMap* __restrict__ tma_v) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   elem_t* sK = reinterpret_cast<elem_t*>(smem_raw);  // [STAGES][N][D] swizzled halves
   elem_t* sV = sK + STAGES * TILE_ELEMS;
   elem_t* sQ = sV + STAGES * TILE_ELEMS;  // [Q_STAGES][64][D]
-  unsigned long long* full = reinterpret_cast<unsigned long long*>(sQ + Q_BUFS * Q_ELEMS);
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(sQ + Q_STAGES * Q_ELEMS);
   unsigned long long* empty = full + STAGES;
   unsigned long long* qbar = empty + STAGES;  // Q landed (consumer 0's threads; WS_ROWS: all)
   // [WS_CONSUMERS - 1][4][128]: the m0 m1 l0 l1 of consumers 1.. for consumer 0
   float* sML = reinterpret_cast<float*>(qbar + 1);
 
-#if !WS_PERSIST  // (WS_PERSIST: the item's, set by `enter`; batch and num_splits are parameters)
   const int split = blockIdx.x / ROW_SPLIT, num_splits = gridDim.x / ROW_SPLIT;
   const int kvh = blockIdx.y, b = blockIdx.z, batch = gridDim.z;
-#endif
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int M = qb * group;
   int r_lo = 0, r_end = M;
@@ -160,7 +145,6 @@ __device__ __forceinline__ void ws_attention_body(
   if (WS_ROWS && wg > 0) row_share(M, WS_CONSUMERS, wg - 1, r_lo, r_end);
   elem_t* const sQc = sQ + (WS_ROWS && wg > 0 ? (wg - 1) * Q_ELEMS : 0);
 
-#if !WS_PERSIST  // (WS_PERSIST: q_item, below)
   // the CTA's Q rows into its Q stage (rows past its share zero-filled): consumer 0's threads
   // (WS_ROWS: each consumer's its own), before anything waits
   auto q_copies = [&](int ctid) {
@@ -172,7 +156,6 @@ __device__ __forceinline__ void ws_attention_body(
     }
     cp_async_commit();
   };
-#endif
 #if EARLY_IDS
   const int* trow = table + static_cast<long long>(b) * table_stride;
   const int len = ctx_lens[b];  // in flight while the producer's warp reads the table
@@ -223,38 +206,6 @@ __device__ __forceinline__ void ws_attention_body(
   const bool windowed = mask_mode != MASK_FULL;
   const int n_iter = n_ctx_here + (split == num_splits - 1 ? 1 : 0);
 
-#elif WS_PERSIST
-  // the item's tiles, as split_tiles deals them, its request's table row, and the item after
-  // next's Q rows into a consumer's Q stage `dst` (rows past its share zero-filled)
-  int split, kvh, b, P, t0, t1, n_ctx_here, n_iter;
-  const int* trow;
-  const bool windowed = mask_mode != MASK_FULL;
-  const int items = batch * hkv * num_splits;
-  auto enter = [&](int item) {
-    split = item % num_splits;
-    kvh = item / num_splits % hkv;
-    b = item / (num_splits * hkv);
-    P = max(0, min(ctx_lens[b], capacity));
-    // split_tiles in 32 bits: its 64-bit division is a runtime call, which inside the item loop
-    // turns ptxas's tile loops divergent (n_ctx * splits < 2^32 up to 2^26 tiles)
-    const int lo = windowed ? max(0, P - window + 1) : 0;
-    const int t_lo = lo / N, n_ctx = (P + N - 1) / N - t_lo;
-    t0 = t_lo + static_cast<int>(static_cast<unsigned>(n_ctx) * split / num_splits);
-    t1 = t_lo + static_cast<int>(static_cast<unsigned>(n_ctx) * (split + 1) / num_splits);
-    n_ctx_here = t1 - t0;
-    n_iter = n_ctx_here + (split == num_splits - 1 ? 1 : 0);
-    trow = table + static_cast<long long>(b) * table_stride;
-  };
-  auto q_item = [&](int ctid, int item, elem_t* dst) {
-    const int qh = item / num_splits % hkv, qb_ = item / (num_splits * hkv);
-    for (int i = ctid; i < 64 * CPR; i += 128) {
-      const int r = r_lo + i / CPR, col = (i % CPR) * 8;
-      const int qi = min(r / group, qb - 1);
-      const elem_t* src = q + ((static_cast<long long>(qb_) * qb + qi) * hq + qh * group + r % group) * D + col;
-      cp_async_16(dst + q_off(r - r_lo, col), r < r_end ? src : q, r < r_end);
-    }
-    cp_async_commit();
-  };
 #else
   // this CTA's tiles, as in attention_body: context tiles [t0, t1), then the block if last split
   const int P = max(0, min(ctx_lens[b], capacity));
@@ -289,15 +240,6 @@ __device__ __forceinline__ void ws_attention_body(
       tma_prefetch_map(tma_v);
     }
 #endif
-#if WS_PERSIST
-    // the stage of the CTA's next tile and its phase, running on from item to item (a division
-    // by STAGES a tile would not)
-    int st = 0;
-    unsigned ph = 0;
-    bool wrapped = false;  // every stage filled once: a fill first waits for its last reader
-    for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    enter(item);
-#endif
 #if PAGE_SIZE > 0
     // lane L holds the id of the split's page 32 c + L of chunk c (-1 past the context: its
     // boxes land as zeros), and the next chunk's in flight
@@ -320,18 +262,8 @@ __device__ __forceinline__ void ws_attention_body(
     const int slot = trow[0];
 #endif
     for (int v = 0; v < n_iter; ++v) {
-#if WS_PERSIST
-      const int s = st;
-      if (wrapped) mbar_wait(empty + s, ph ^ 1);  // its last reader is done
-      if (++st == STAGES) {
-        st = 0;
-        ph ^= 1;
-        wrapped = true;
-      }
-#else
       const int s = v % STAGES;
       if (v >= STAGES) mbar_wait(empty + s, (v / STAGES - 1) & 1);  // its last reader is done
-#endif
       elem_t* dK = sK + s * TILE_ELEMS;
       elem_t* dV = sV + s * TILE_ELEMS;
       if (v < n_ctx_here) {
@@ -378,20 +310,11 @@ __device__ __forceinline__ void ws_attention_body(
         if (lane == 0) mbar_arrive(full + s);
       }
     }
-#if WS_PERSIST
-    }
-#endif
     return;
   }
 
   // ---- consumers
   const int c = wg - 1, ctid = tid - 128 * wg, cwarp = ctid >> 5;
-#if WS_PERSIST
-  // consumer c's Q stage for its k-th item: k % 2 picks one of its two
-  auto q_buf = [&](int k) { return sQc + (k & 1) * Q_STAGES * Q_ELEMS; };
-  if (blockIdx.x < items) q_item(ctid, blockIdx.x, q_buf(0));
-  regs_up<WS_CONSUMER_REGS>();
-#else
 #if !EARLY_IDS  // (there issued before the context length is waited for)
   if (WS_ROWS || c == 0) q_copies(ctid);
 #endif
@@ -401,35 +324,17 @@ __device__ __forceinline__ void ws_attention_body(
     fence_proxy_async();  // read by wgmma
     mbar_arrive(qbar);
   }
-#endif
   const int g = lane >> 2, t4 = lane & 3;
   const int r0 = r_lo + query_row(cwarp, g), r1 = r0 + 8;
   const int i0 = min(r0 / group, qb - 1), i1 = min(r1 / group, qb - 1);
+  mbar_wait(qbar, 0);
   // LEAN: shared-memory descriptors of the Q stage and of K and V stage 0, made once. A stage or
   // a k-step is an offset added to the address field (16-byte units, bits 0-13; every operand
   // lies inside the CTA's shared memory, so no sum carries out of it): two instructions a wgmma,
   // where rebuilding a descriptor from its pointer takes about ten.
+  const unsigned long long dq = wgmma_desc_sw128(sQc, 16, 1024);
   const unsigned long long dk0 = wgmma_desc_sw128(sK, 16, 1024);
   const unsigned long long dv0 = wgmma_desc_sw128(sV, HALF_ELEMS * 2, 1024);
-#if WS_PERSIST
-  // both Q stages' descriptors made once too, outside the item loop
-  const unsigned long long dq_even = wgmma_desc_sw128(q_buf(0), 16, 1024);
-  const unsigned long long dq_odd = wgmma_desc_sw128(q_buf(1), 16, 1024);
-  int st = 0;  // the stage of the CTA's next tile and its phase, as the producer counts them
-  unsigned ph = 0;
-  for (int item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
-  enter(item);
-  cp_async_wait<0>();  // this item's Q (copied during the last one)
-  fence_proxy_async();  // read by wgmma
-  // every consumer's rows landed and the other Q stages' last readers done (a barrier of all
-  // consumers, whose id is a constant: a run-time id reserves all 16)
-  named_barrier(MERGE_BARRIER, 128 * Q_STAGES);
-  if (item + gridDim.x < items) q_item(ctid, item + gridDim.x, q_buf(k + 1));
-  const unsigned long long dq = k & 1 ? dq_odd : dq_even;
-#else
-  mbar_wait(qbar, 0);
-  const unsigned long long dq = wgmma_desc_sw128(sQc, 16, 1024);
-#endif
   // After a wgmma.wait_group: the compiler may not move reads of accumulator `x` above it
   auto acc_fence = [](auto& x) {
 #pragma unroll
@@ -468,20 +373,10 @@ __device__ __forceinline__ void ws_attention_body(
 #endif
 
   for (int v = WS_ROWS ? 0 : c; v < n_iter; v += WS_ROWS ? 1 : WS_CONSUMERS) {
-#if WS_PERSIST
-    const int s = st;
-    const unsigned parity = ph;
-    if (++st == STAGES) {
-      st = 0;
-      ph ^= 1;
-    }
-#else
     const int s = v % STAGES;
-    const unsigned parity = (v / STAGES) & 1;
-#endif
     const elem_t* cK = sK + s * TILE_ELEMS;
     elem_t* cV = sV + s * TILE_ELEMS;
-    if (!SKIP_LOADS) mbar_wait(full + s, parity);
+    if (!SKIP_LOADS) mbar_wait(full + s, (v / STAGES) & 1);
     const bool is_block = v >= n_ctx_here;
     const int kstart = (t0 + v) * N;
     // V rows at or past P in the context's last tile hold whatever the page (slot) holds: zero
@@ -746,7 +641,4 @@ __device__ __forceinline__ void ws_attention_body(
       }
     }
   }
-#if WS_PERSIST
-  }
-#endif
 }
