@@ -119,12 +119,9 @@ class Params:
         if self.ws:
             return ws_bytes(self.tile_n, self.stages, head_dim, self.ws, self.early_ids,
                             self.ws_rows)
-        cta_warps = padded_warps(warps) if wgmma else warps
-        q_warps = cta_warps if self.q_smem else 0
-        return (smem_bytes(self.tile_n, self.stages, head_dim, q_warps, wgmma, self.overlap)
-                + id_ring_bytes(self.tile_n, self.stages, head_dim, cta_warps, page_size,
-                                wgmma and bool(self.overlap) and not self.tma, self.lean)
-                + (tma_bytes(self.stages, cta_warps) if self.tma else 0))
+        return pipelined_bytes(self.tile_n, self.stages, head_dim,
+                               padded_warps(warps) if wgmma else warps, wgmma, self.overlap,
+                               self.q_smem, page_size, self.lean, self.tma)
 
 
 def smem_bytes(tile_n: int, stages: int, head_dim: int, q_warps: int = 0,
@@ -153,6 +150,19 @@ def id_ring_bytes(tile_n: int, stages: int, head_dim: int, warps: int, page_size
     else:
         pg = -(-tile_n * head_dim // 8 // (warps * 32))
     return (stages + 1) * warps * pg * 4
+
+
+def pipelined_bytes(tile_n: int, stages: int, head_dim: int, warps: int, wgmma: bool,
+                    overlap: int, q_smem: bool, page_size: int | None, lean: bool,
+                    tma: bool) -> int:
+    """Shared memory of the kernels other than ws (drafter_attention.cu's layout) for a CTA of
+    `warps` warps as compiled: the stages (`smem_bytes`), the page-id ring (`id_ring_bytes`) and
+    the TMA barriers and page ids (`tma_bytes`). The planner (`Params.smem_bytes`) and the
+    loader (`module_smem`) both count it here."""
+    return (smem_bytes(tile_n, stages, head_dim, warps if q_smem else 0, wgmma, overlap)
+            + id_ring_bytes(tile_n, stages, head_dim, warps, page_size,
+                            wgmma and bool(overlap) and not tma, lean)
+            + (tma_bytes(stages, warps) if tma else 0))
 
 
 def tma_bytes(stages: int, warps: int) -> int:
@@ -846,16 +856,10 @@ def module_smem(defines: dict[str, int]) -> int:
         return ws_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
                         defines["WS_CONSUMERS"], bool(defines.get("EARLY_IDS", 0)),
                         bool(defines.get("WS_ROWS", 0)))
-    overlap = defines.get("OVERLAP", 0)
-    smem = smem_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
-                      defines["NUM_WARPS"] if defines["Q_SMEM"] else 0, defines["WGMMA"], overlap)
-    smem += id_ring_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
-                          defines["NUM_WARPS"], defines["PAGE_SIZE"],
-                          bool(defines["WGMMA"] and overlap and not defines.get("TMA_LOADS", 0)),
-                          bool(defines.get("LEAN", 0)))
-    if defines.get("TMA_LOADS", 0):
-        smem += tma_bytes(defines["STAGES"], defines["NUM_WARPS"])
-    return smem
+    return pipelined_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
+                           defines["NUM_WARPS"], bool(defines["WGMMA"]), defines.get("OVERLAP", 0),
+                           bool(defines["Q_SMEM"]), defines["PAGE_SIZE"] or None,
+                           bool(defines.get("LEAN", 0)), bool(defines.get("TMA_LOADS", 0)))
 
 
 def _load(index: int, defines_items: tuple) -> Module:
