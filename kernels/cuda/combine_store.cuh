@@ -7,6 +7,7 @@
 // ([num_slots, max_ctx, Hkv, D] through a slot id).
 #pragma once
 #include "common.cuh"
+#include "trace.cuh"
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
@@ -95,6 +96,9 @@ extern "C" __global__ void __launch_bounds__(128)
   const long long rows = static_cast<long long>(batch) * hkv * M;
   const long long row = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#if TRACE
+  if (threadIdx.x == 0) TRACE_COMBINE_AT(0);
+#endif
   const float lmax = row_lse_max(lse_part, rows, row, num_splits, lane);  // in every warp
   float acc[PER];
 #pragma unroll
@@ -125,6 +129,9 @@ extern "C" __global__ void __launch_bounds__(128)
     for (int e = 0; e < PER; ++e) acc[e] += s_acc[w][lane * PER + e];
   }
   store_row(out, acc, wsum, row, M, qb, hq, hkv, group, lane);
+#if TRACE
+  if (threadIdx.x == 0) TRACE_COMBINE_AT(6);
+#endif
 }
 #else
 // One warp per packed row (b, kvh, r). The accumulation loop is unrolled so that several splits'
@@ -146,6 +153,9 @@ extern "C" __global__ void __launch_bounds__(128)
   const long long rows = static_cast<long long>(batch) * hkv * M;
   const long long row = static_cast<long long>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
+#if TRACE
+  if (threadIdx.x == 0) TRACE_COMBINE_AT(0);
+#endif
   if (row >= rows) return;
   const float lmax = row_lse_max(lse_part, rows, row, num_splits, lane);
   float acc[PER];
@@ -165,6 +175,9 @@ extern "C" __global__ void __launch_bounds__(128)
     }
   }
   store_row(out, acc, wsum, row, M, qb, hq, hkv, group, lane);
+#if TRACE
+  if (threadIdx.x == 0) TRACE_COMBINE_AT(6);
+#endif
 }
 #endif
 

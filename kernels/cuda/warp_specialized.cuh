@@ -137,6 +137,9 @@ __device__ __forceinline__ void ws_attention_body(
   const int split = blockIdx.x / ROW_SPLIT, num_splits = gridDim.x / ROW_SPLIT;
   const int kvh = blockIdx.y, b = blockIdx.z, batch = gridDim.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+#if TRACE
+  if (tid == 0) TRACE_AT(0);
+#endif
   const int M = qb * group;
   int r_lo = 0, r_end = M;
   if (ROW_SPLIT > 1) row_share(M, ROW_SPLIT, static_cast<int>(blockIdx.x % ROW_SPLIT), r_lo, r_end);
@@ -261,6 +264,16 @@ __device__ __forceinline__ void ws_attention_body(
 #elif !EARLY_IDS
     const int slot = trow[0];
 #endif
+#if TRACE
+    if (lane == 0) {  // once the ids (the arena: the slot) have landed
+#if PAGE_SIZE > 0
+      asm volatile("" ::"r"(ids));
+#else
+      asm volatile("" ::"r"(slot));
+#endif
+      TRACE_AT(1);
+    }
+#endif
     for (int v = 0; v < n_iter; ++v) {
       const int s = v % STAGES;
       if (v >= STAGES) mbar_wait(empty + s, (v / STAGES - 1) & 1);  // its last reader is done
@@ -310,6 +323,9 @@ __device__ __forceinline__ void ws_attention_body(
         if (lane == 0) mbar_arrive(full + s);
       }
     }
+#if TRACE
+    if (lane == 0) TRACE_AT(2);
+#endif
     return;
   }
 
@@ -328,6 +344,9 @@ __device__ __forceinline__ void ws_attention_body(
   const int r0 = r_lo + query_row(cwarp, g), r1 = r0 + 8;
   const int i0 = min(r0 / group, qb - 1), i1 = min(r1 / group, qb - 1);
   mbar_wait(qbar, 0);
+#if TRACE
+  if (c == 0 && ctid == 0) TRACE_AT(3);
+#endif
   // LEAN: shared-memory descriptors of the Q stage and of K and V stage 0, made once. A stage or
   // a k-step is an offset added to the address field (16-byte units, bits 0-13; every operand
   // lies inside the CTA's shared memory, so no sum carries out of it): two instructions a wgmma,
@@ -377,6 +396,9 @@ __device__ __forceinline__ void ws_attention_body(
     const elem_t* cK = sK + s * TILE_ELEMS;
     elem_t* cV = sV + s * TILE_ELEMS;
     if (!SKIP_LOADS) mbar_wait(full + s, (v / STAGES) & 1);
+#if TRACE
+    if (c == 0 && ctid == 0 && v == (WS_ROWS ? 0 : c)) TRACE_AT(4);
+#endif
     const bool is_block = v >= n_ctx_here;
     const int kstart = (t0 + v) * N;
     // V rows at or past P in the context's last tile hold whatever the page (slot) holds: zero
@@ -538,6 +560,10 @@ __device__ __forceinline__ void ws_attention_body(
     pv_done();
   }
 #endif
+#if TRACE
+  if (ctid == 0 && c == 0) TRACE_AT(5);
+  if (ctid == 0 && c == WS_CONSUMERS - 1) TRACE_AT(15);
+#endif
 
   // ---- consumers 1.. hand their rows to consumer 0, each through the stage of its own last
   // tile (no tile is copied into it any more: that tile is one of the CTA's last WS_CONSUMERS),
@@ -641,4 +667,7 @@ __device__ __forceinline__ void ws_attention_body(
       }
     }
   }
+#if TRACE
+  if (c == 0 && ctid == 0) TRACE_AT(6);
+#endif
 }

@@ -1,0 +1,34 @@
+// TRACE=1 (scripts/diag_timeline.py only; no backend knob builds it): the warp-specialised
+// attention kernel and the split combine record, a CTA a row, the %globaltimer (ns, one clock for
+// the whole GPU) and clock64 (the SM's cycles) at which they reach their steps, to say where a
+// small-batch call's time goes between launch and output. Each point sits behind its own
+// `#if TRACE`: even an empty `if (tid == 0);` left in the source changed ptxas's code for three
+// ws variants, and the untraced kernels must stay byte-identical.
+#pragma once
+#if TRACE
+constexpr int TRACE_ROWS = 4096;  // CTAs a launch records; later ones do not
+constexpr int TRACE_SLOTS = 16;   // 0-6 and 15: %globaltimer at a step; 7: the SM; 8-14: clock64
+// A CTA's row (the host reads them by these unmangled names). attention: 0 entry, 1 the
+// producer's page ids in hand, 2 its last copy issued, 3 consumer 0's Q landed, 4 its first tile
+// landed, 5 its tile loop done, 6 its output or partial stored, 15 the last consumer's tile loop
+// done. combine: 0 entry, 6 stored.
+__device__ unsigned long long drafter_trace[TRACE_ROWS * TRACE_SLOTS];
+__device__ unsigned long long drafter_trace_combine[TRACE_ROWS * TRACE_SLOTS];
+namespace drafter {
+__device__ __forceinline__ void trace_at(unsigned long long* rows, int slot) {
+  const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (cta >= TRACE_ROWS) return;
+  unsigned long long t, c;
+  unsigned sm;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c));
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  unsigned long long* row = rows + static_cast<unsigned long long>(cta) * TRACE_SLOTS;
+  row[slot] = t;
+  if (slot < 7) row[8 + slot] = c;
+  row[7] = sm;
+}
+}  // namespace drafter
+#define TRACE_AT(slot) drafter::trace_at(drafter_trace, slot)
+#define TRACE_COMBINE_AT(slot) drafter::trace_at(drafter_trace_combine, slot)
+#endif

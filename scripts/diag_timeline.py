@@ -1,0 +1,184 @@
+"""Where a split attention call's time goes, CTA by CTA (issue 11, small batch): one layer of a
+preset run as the runtime runs it (a CUDA graph of the warp-specialised attention kernel and the
+split combine, the L2 cold), with both kernels built with TRACE=1 (kernels/cuda/trace.cuh), so
+that every CTA records the GPU's %globaltimer when it reaches each step:
+
+    entry -> page ids in hand (the producer) -> Q landed, first tile landed (consumer 0)
+      -> tile loop done (consumer 0; the last consumer) -> output or partial stored
+      -> the combine's CTAs: entry, stored
+
+Times are from the first attention CTA's entry, medians over `--samples` replays (each figure
+itself a median or the maximum over the CTAs, as named). `whole` is the event-timed replay as the
+attention table measures it (untraced kernels, then the traced ones); `whole - span` is what the
+graph's launch costs around the kernels' device time. Needs a CUDA GPU; `--impl auto` takes the
+shipped table's pick (a warp-specialised one: the only kernel the trace is built into).
+
+    python scripts/diag_timeline.py [--shapes 1x2k,1x8k,1x32k,8x8k] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from drafter_attn.bench import decode
+from drafter_attn.bench.attention_table import AUTO, pick_spec
+from drafter_attn.bench.attention_table import shapes as parse_shapes
+from drafter_attn.kernels import cupy_backend, registry
+from drafter_attn.kernels.cache import random_paged_context
+from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
+from drafter_attn.tuner import floors, timing
+
+ROWS, SLOTS = 4096, 16  # trace.cuh's TRACE_ROWS, TRACE_SLOTS
+ENTRY, IDS, ISSUED, Q, FIRST, LOOP, STORED, LAST_LOOP = 0, 1, 2, 3, 4, 5, 6, 15
+
+
+def call(spec: str, preset: str, batch: int, ctx: int, page: int):
+    g = get_preset(preset)
+    gen = torch.Generator().manual_seed(batch * 100003 + ctx)
+    cache = random_paged_context(g, [ctx] * batch, page, "cuda", gen)
+    q = torch.randn(batch, g.block_size, g.num_q_heads, g.head_dim, generator=gen).to("cuda", g.torch_dtype)
+    kb = torch.randn(batch, g.block_size, g.num_kv_heads, g.head_dim, generator=gen).to("cuda", g.torch_dtype)
+    vb = torch.randn_like(kb)
+    out = torch.empty_like(q)
+    impl = registry.from_spec(spec)
+
+    def whole():
+        impl.paged_attention(q, kb, vb, *cache, mask=g.mask, window=g.window, out=out)
+
+    whole()
+    torch.cuda.synchronize()
+    return impl, whole, out
+
+
+def trace_modules(index: int) -> list:
+    """Swap every loaded warp-specialised variant for its TRACE=1 build (the plans made after
+    this launch those); the traced modules."""
+    sm = cupy_backend.device_info(index)[1]
+    traced = []
+    for key, mod in list(cupy_backend._loaded.items()):
+        defines = dict(key[2])
+        if key[1] != index or not defines.get("WARP_SPEC"):
+            continue
+        res = cupy_backend.compile_variant({**defines, "TRACE": 1}, sm)
+        new = cupy_backend.load_cubin(index, res.cubin_path, cupy_backend.module_smem(defines),
+                                      mod.threads)
+        cupy_backend._loaded[key] = new
+        traced.append(new)
+    return traced
+
+
+def buffers(mod):
+    import cupy
+
+    return [cupy.ndarray((ROWS, SLOTS), cupy.uint64, mod.owner.get_global(name))
+            for name in ("drafter_trace", "drafter_trace_combine")]
+
+
+def sample(graph, bufs) -> tuple[np.ndarray, np.ndarray]:
+    for b in bufs:
+        b.fill(0)
+    torch.cuda.synchronize()
+    timing.flush_l2()
+    graph.replay()
+    torch.cuda.synchronize()
+    attn, comb = (b.get() for b in bufs)
+    return attn[attn[:, ENTRY] > 0], comb[comb[:, ENTRY] > 0]
+
+
+def figures(attn: np.ndarray, comb: np.ndarray) -> dict:
+    """One replay's step times (us from the first attention CTA's entry)."""
+    t0 = int(attn[:, ENTRY].min())
+
+    def us(col, rows=attn):
+        vals = rows[:, col].astype(np.int64)
+        vals = vals[vals > 0]
+        return (vals - t0) / 1e3
+
+    f = {"ctas": len(attn), "sms": len(np.unique(attn[:, 7])),
+         "entry_max": us(ENTRY).max()}
+    for name, col in (("ids", IDS), ("q", Q), ("first_tile", FIRST), ("loop", LOOP),
+                      ("last_loop", LAST_LOOP), ("stored", STORED)):
+        v = us(col)
+        if len(v):
+            f[name + "_med"], f[name + "_max"] = float(np.median(v)), float(v.max())
+    if len(comb):
+        f["combine_ctas"] = len(comb)
+        f["combine_start"] = float(us(ENTRY, comb).min())
+        f["combine_entry_max"] = float(us(ENTRY, comb).max())
+        f["combine_end"] = float(us(STORED, comb).max())
+    f["span"] = f.get("combine_end", f.get("stored_max", 0.0))
+    # the timer's step: the smallest non-zero gap between two recorded times
+    times = np.unique(np.concatenate([attn[:, :7].ravel(), comb[:, :7].ravel()]))
+    times = times[times > 0]
+    f["timer_step_ns"] = int(np.diff(times).min()) if len(times) > 1 else 0
+    # cycles a CTA spends from entry to its first tile and through consumer 0's loop (clock64)
+    clk = attn[:, 8:15].astype(np.int64)
+    ok = (clk[:, FIRST] > 0) & (clk[:, LOOP] > 0)
+    if ok.any():
+        f["cyc_first_tile"] = float(np.median(clk[ok, FIRST] - clk[ok, ENTRY]))
+        f["cyc_loop"] = float(np.median(clk[ok, LOOP] - clk[ok, FIRST]))
+    return f
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="1x2k,1x8k,1x32k,8x8k")
+    ap.add_argument("--page", type=int, default=64)
+    ap.add_argument("--impl", default=AUTO)
+    ap.add_argument("--preset", default=MAIN_PRESET)
+    ap.add_argument("--samples", type=int, default=30)
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--out", type=Path, help="folder for timeline.json (every replay's figures)")
+    args = ap.parse_args(argv)
+    index = torch.cuda.current_device()
+    sm = cupy_backend.device_info(index)[1]
+    dispatcher = decode.load_dispatcher(None, sm)[0] if args.impl == AUTO else None
+    empty = floors.empty_graph_us()
+    print(f"empty graph {empty:.2f} us ({torch.cuda.get_device_name()})")
+    cols = ("whole", "whole_traced", "span", "entry_max", "ids_med", "q_med", "first_tile_med",
+            "first_tile_max", "loop_med", "loop_max", "last_loop_max", "stored_max",
+            "combine_start", "combine_entry_max", "combine_end")
+    print("B | ctx | CTAs | " + " | ".join(cols) + " | timer step ns | cycles: first tile, loop")
+    dump = {}
+    for batch, ctx in parse_shapes(args.shapes):
+        spec = args.impl if dispatcher is None else pick_spec(
+            dispatcher, get_preset(args.preset), "paged", args.page, batch, ctx, sm)
+        impl, whole, out = call(spec, args.preset, batch, ctx, args.page)
+        plain = timing.time_replays(whole, reps=args.reps).median_us
+        reference = out.clone()
+        traced = trace_modules(index)
+        if not traced:
+            print(f"{batch} | {ctx} | {spec}: no warp-specialised kernel loaded, nothing traced")
+            continue
+        impl.clear_plans()
+        whole()
+        torch.cuda.synchronize()
+        # the traced build computes what the plain one did (the trace only stores beside it)
+        err = (out.float() - reference.float()).abs().max().item()
+        graph = timing.capture(whole)
+        traced_us = timing.time_graph(graph, reps=args.reps).median_us
+        bufs = buffers(traced[0])
+        rows = [figures(*sample(graph, bufs)) for _ in range(args.samples)]
+        med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if all(k in r for r in rows)}
+        med.update(whole=plain, whole_traced=traced_us)
+        dump[f"{batch}x{ctx}"] = dict(spec=spec, max_abs_diff_traced=err, median=med, samples=rows)
+        print(f"  {spec} (traced vs plain output: max abs diff {err:.3g})")
+        print(f"{batch} | {ctx} | {med.get('ctas', 0):.0f} | "
+              + " | ".join(f"{med[c]:.2f}" if c in med else "-" for c in cols)
+              + f" | {med.get('timer_step_ns', 0):.0f} | {med.get('cyc_first_tile', 0):.0f}, "
+              f"{med.get('cyc_loop', 0):.0f}", flush=True)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "timeline.json").write_text(json.dumps(dict(empty_graph_us=empty, **dump),
+                                                           indent=1, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
