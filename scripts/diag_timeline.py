@@ -102,7 +102,7 @@ def figures(attn: np.ndarray, comb: np.ndarray) -> dict:
 
     f = {"ctas": len(attn), "sms": len(np.unique(attn[:, 7])),
          "entry_max": us(ENTRY).max()}
-    for name, col in (("ids", IDS), ("q", Q), ("first_tile", FIRST), ("loop", LOOP),
+    for name, col in (("ids", IDS), ("issued", ISSUED), ("q", Q), ("first_tile", FIRST), ("loop", LOOP),
                       ("last_loop", LAST_LOOP), ("stored", STORED)):
         v = us(col)
         if len(v):
