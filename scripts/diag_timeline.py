@@ -34,8 +34,9 @@ from drafter_attn.kernels.cache import random_paged_context
 from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
 from drafter_attn.tuner import floors, timing
 
-ROWS, SLOTS = 4096, 16  # trace.cuh's TRACE_ROWS, TRACE_SLOTS
-ENTRY, IDS, ISSUED, Q, FIRST, LOOP, STORED, LAST_LOOP = 0, 1, 2, 3, 4, 5, 6, 15
+ROWS, SLOTS, SM, CLOCK = 4096, 32, 15, 16  # trace.cuh's TRACE_ROWS, TRACE_SLOTS, the SM's slot, clocks'
+ENTRY, IDS, ISSUED, Q, FIRST, LOOP, STORED, LAST_LOOP, LOOP1, MERGE_IN, MERGED = range(11)
+LSE_MAX = 8  # the combine's
 
 
 def call(spec: str, preset: str, batch: int, ctx: int, page: int):
@@ -56,16 +57,17 @@ def call(spec: str, preset: str, batch: int, ctx: int, page: int):
     return impl, whole, out
 
 
-def trace_modules(index: int) -> list:
-    """Swap every loaded warp-specialised variant for its TRACE=1 build (the plans made after
-    this launch those); the traced modules."""
+def trace_modules(index: int, **extra) -> list:
+    """Swap every loaded warp-specialised variant for its TRACE=1 build (with `extra` defines;
+    the plans made after this launch those); the traced modules."""
     sm = cupy_backend.device_info(index)[1]
     traced = []
     for key, mod in list(cupy_backend._loaded.items()):
         defines = dict(key[2])
         if key[1] != index or not defines.get("WARP_SPEC"):
             continue
-        res = cupy_backend.compile_variant({**defines, "TRACE": 1}, sm)
+        defines.pop("TRACE_WARM", None)
+        res = cupy_backend.compile_variant({**defines, "TRACE": 1, **extra}, sm)
         new = cupy_backend.load_cubin(index, res.cubin_path, cupy_backend.module_smem(defines),
                                       mod.threads)
         cupy_backend._loaded[key] = new
@@ -100,10 +102,11 @@ def figures(attn: np.ndarray, comb: np.ndarray) -> dict:
         vals = vals[vals > 0]
         return (vals - t0) / 1e3
 
-    f = {"ctas": len(attn), "sms": len(np.unique(attn[:, 7])),
+    f = {"ctas": len(attn), "sms": len(np.unique(attn[:, SM])),
          "entry_max": us(ENTRY).max()}
-    for name, col in (("ids", IDS), ("issued", ISSUED), ("q", Q), ("first_tile", FIRST), ("loop", LOOP),
-                      ("last_loop", LAST_LOOP), ("stored", STORED)):
+    for name, col in (("ids", IDS), ("issued", ISSUED), ("q", Q), ("first_tile", FIRST),
+                      ("loop", LOOP), ("loop1", LOOP1), ("last_loop", LAST_LOOP),
+                      ("merge_in", MERGE_IN), ("merged", MERGED), ("stored", STORED)):
         v = us(col)
         if len(v):
             f[name + "_med"], f[name + "_max"] = float(np.median(v)), float(v.max())
@@ -111,18 +114,27 @@ def figures(attn: np.ndarray, comb: np.ndarray) -> dict:
         f["combine_ctas"] = len(comb)
         f["combine_start"] = float(us(ENTRY, comb).min())
         f["combine_entry_max"] = float(us(ENTRY, comb).max())
+        f["combine_lse_med"] = float(np.median(us(LSE_MAX, comb)))
         f["combine_end"] = float(us(STORED, comb).max())
     f["span"] = f.get("combine_end", f.get("stored_max", 0.0))
     # the timer's step: the smallest non-zero gap between two recorded times
-    times = np.unique(np.concatenate([attn[:, :7].ravel(), comb[:, :7].ravel()]))
+    times = np.unique(np.concatenate([attn[:, :SM].ravel(), comb[:, :SM].ravel()]))
     times = times[times > 0]
     f["timer_step_ns"] = int(np.diff(times).min()) if len(times) > 1 else 0
     # cycles a CTA spends from entry to its first tile and through consumer 0's loop (clock64)
-    clk = attn[:, 8:15].astype(np.int64)
+    clk = attn[:, CLOCK:CLOCK + SM].astype(np.int64)
     ok = (clk[:, FIRST] > 0) & (clk[:, LOOP] > 0)
     if ok.any():
         f["cyc_first_tile"] = float(np.median(clk[ok, FIRST] - clk[ok, ENTRY]))
         f["cyc_loop"] = float(np.median(clk[ok, LOOP] - clk[ok, FIRST]))
+    ok = (clk[:, STORED] > 0) & (clk[:, LOOP] > 0)
+    if ok.any():  # consumer 0: its loop's end to its stores issued, and the parts between
+        f["cyc_epilogue"] = float(np.median(clk[ok, STORED] - clk[ok, LOOP]))
+        for name, a, b in (("cyc_to_merge", LOOP, MERGE_IN), ("cyc_merge", MERGE_IN, MERGED),
+                           ("cyc_store", MERGED, STORED)):
+            both = ok & (clk[:, a] > 0) & (clk[:, b] > 0)
+            if both.any():
+                f[name] = float(np.median(clk[both, b] - clk[both, a]))
     return f
 
 
@@ -134,6 +146,8 @@ def main(argv=None) -> int:
     ap.add_argument("--preset", default=MAIN_PRESET)
     ap.add_argument("--samples", type=int, default=30)
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--warm", action="store_true",
+                    help="also a build that asks for its output rows' lines at entry (TRACE_WARM)")
     ap.add_argument("--out", type=Path, help="folder for timeline.json (every replay's figures)")
     args = ap.parse_args(argv)
     index = torch.cuda.current_device()
@@ -141,38 +155,46 @@ def main(argv=None) -> int:
     dispatcher = decode.load_dispatcher(None, sm)[0] if args.impl == AUTO else None
     empty = floors.empty_graph_us()
     print(f"empty graph {empty:.2f} us ({torch.cuda.get_device_name()})")
-    cols = ("whole", "whole_traced", "span", "entry_max", "ids_med", "q_med", "first_tile_med",
-            "first_tile_max", "loop_med", "loop_max", "last_loop_max", "stored_max",
-            "combine_start", "combine_entry_max", "combine_end")
-    print("B | ctx | CTAs | " + " | ".join(cols) + " | timer step ns | cycles: first tile, loop")
+    cols = ("whole", "span", "entry_max", "ids_med", "q_med", "first_tile_med",
+            "first_tile_max", "loop_med", "loop_max", "last_loop_max", "merge_in_med", "merged_med",
+            "stored_med", "stored_max", "combine_start", "combine_lse_med", "combine_end")
+    cycles = ("cyc_first_tile", "cyc_loop", "cyc_epilogue", "cyc_to_merge", "cyc_merge", "cyc_store")
+    print("B | ctx | build | CTAs | " + " | ".join(cols) + " | timer step ns | " + " | ".join(cycles))
     dump = {}
+    builds = {"traced": {}, **({"traced+warm": {"TRACE_WARM": 1}} if args.warm else {})}
     for batch, ctx in parse_shapes(args.shapes):
         spec = args.impl if dispatcher is None else pick_spec(
             dispatcher, get_preset(args.preset), "paged", args.page, batch, ctx, sm)
         impl, whole, out = call(spec, args.preset, batch, ctx, args.page)
         plain = timing.time_replays(whole, reps=args.reps).median_us
         reference = out.clone()
-        traced = trace_modules(index)
-        if not traced:
-            print(f"{batch} | {ctx} | {spec}: no warp-specialised kernel loaded, nothing traced")
-            continue
-        impl.clear_plans()
-        whole()
-        torch.cuda.synchronize()
-        # the traced build computes what the plain one did (the trace only stores beside it)
-        err = (out.float() - reference.float()).abs().max().item()
-        graph = timing.capture(whole)
-        traced_us = timing.time_graph(graph, reps=args.reps).median_us
-        bufs = buffers(traced[0])
-        rows = [figures(*sample(graph, bufs)) for _ in range(args.samples)]
-        med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if all(k in r for r in rows)}
-        med.update(whole=plain, whole_traced=traced_us)
-        dump[f"{batch}x{ctx}"] = dict(spec=spec, max_abs_diff_traced=err, median=med, samples=rows)
-        print(f"  {spec} (traced vs plain output: max abs diff {err:.3g})")
-        print(f"{batch} | {ctx} | {med.get('ctas', 0):.0f} | "
-              + " | ".join(f"{med[c]:.2f}" if c in med else "-" for c in cols)
-              + f" | {med.get('timer_step_ns', 0):.0f} | {med.get('cyc_first_tile', 0):.0f}, "
-              f"{med.get('cyc_loop', 0):.0f}", flush=True)
+        print(f"  {batch}x{ctx} {spec}: {plain:.2f} us untraced")
+        for build, extra in builds.items():
+            traced = trace_modules(index, **extra)
+            if not traced:
+                print(f"{batch} | {ctx} | {spec}: no warp-specialised kernel loaded, nothing traced")
+                break
+            impl.clear_plans()
+            out.fill_(float("nan"))
+            whole()
+            torch.cuda.synchronize()
+            # the traced build computes what the plain one did (the trace only stores beside it)
+            err = (out.float() - reference.float()).abs().max().item()
+            graph = timing.capture(whole)
+            traced_us = timing.time_graph(graph, reps=args.reps).median_us
+            bufs = buffers(traced[0])
+            raw = [sample(graph, bufs) for _ in range(args.samples)]
+            rows = [figures(*r) for r in raw]
+            med = {k: statistics.median(r[k] for r in rows) for k in rows[0]
+                   if all(k in r for r in rows)}
+            med.update(whole=traced_us, untraced=plain)
+            dump[f"{batch}x{ctx} {build}"] = dict(
+                spec=spec, max_abs_diff_traced=err, median=med, samples=rows,
+                last_raw=dict(attention=raw[-1][0].tolist(), combine=raw[-1][1][:, :SM + 1].tolist()))
+            print(f"{batch} | {ctx} | {build} (max abs diff {err:.3g}) | {med.get('ctas', 0):.0f} | "
+                  + " | ".join(f"{med[c]:.2f}" if c in med else "-" for c in cols)
+                  + f" | {med.get('timer_step_ns', 0):.0f} | "
+                  + " | ".join(f"{med[c]:.0f}" if c in med else "-" for c in cycles), flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "timeline.json").write_text(json.dumps(dict(empty_graph_us=empty, **dump),

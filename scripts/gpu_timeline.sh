@@ -5,8 +5,9 @@
 # 1. GPU tests: the trace (tests/test_trace.py), the launch path and the ops    -> tests.log
 # 2. scripts/diag_carveout.py: the table's picks ($CASES) at B=1 2k/8k/32k and B=8 8k, page 64, with the
 #    kernels' default shared-memory carveout and with the largest, alternating    -> carveout.txt
-# 3. scripts/diag_timeline.py: the same calls CTA by CTA (TRACE=1 builds), and laguna's B=8 and
-#    B=32 8k                                     -> timeline_main.txt, timeline_laguna.txt, *.json
+# 3. scripts/diag_timeline.py: the same calls CTA by CTA (TRACE=1 builds, and with TRACE_WARM),
+#    and laguna's B=8 and B=32 8k             -> timeline_main.txt, timeline_laguna.txt, *.json
+# TESTS names the test files; CARVEOUT= (empty) skips step 2.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 {
@@ -20,19 +21,20 @@ CASES=${CASES:-"1x2k combine=2,early_ids=1,lean=1,stages=9,tile_n=32,ws=3
 1x32k combine=2,early_ids=1,lean=1,stages=6,tile_n=32,ws=3
 8x8k early_ids=1,lean=1,stages=6,tile_n=32,ws=3"}
 LAGUNA=${LAGUNA:-"8x8k,32x8k early_ids=1,lean=1,stages=6,tile_n=32,ws=3,ws_overlap=1,ws_rows=1"}
-timeout -s INT -k 10 "${TEST_S:-150}" python3 -m pytest -q -m gpu tests/test_trace.py \
-  tests/test_launch.py tests/test_ops.py -p no:cacheprovider > "$OUT/tests.log" 2>&1
+TESTS=${TESTS:-tests/test_trace.py tests/test_launch.py tests/test_ops.py}
+timeout -s INT -k 10 "${TEST_S:-150}" python3 -m pytest -q -m gpu $TESTS -p no:cacheprovider \
+  > "$OUT/tests.log" 2>&1
 echo "tests rc=$? after ${SECONDS}s: $(tail -n 1 "$OUT/tests.log")" | tee -a "$OUT/summary.txt"
 mkdir -p "$OUT/main" "$OUT/laguna"
 while read -r shape spec; do
-  timeout 60 python3 scripts/diag_carveout.py --shapes "$shape" --impl "cupy:$spec" \
-    >> "$OUT/carveout.txt" 2>&1
-  timeout 60 python3 scripts/diag_timeline.py --shapes "$shape" --impl "cupy:$spec" \
+  [ -n "${CARVEOUT:-1}" ] && timeout 60 python3 scripts/diag_carveout.py --shapes "$shape" \
+    --impl "cupy:$spec" >> "$OUT/carveout.txt" 2>&1
+  timeout 60 python3 scripts/diag_timeline.py --shapes "$shape" --impl "cupy:$spec" --warm \
     --out "$OUT/main/$shape" >> "$OUT/timeline_main.txt" 2>&1
   echo "$shape rc=$? after ${SECONDS}s" | tee -a "$OUT/summary.txt"
 done <<< "$CASES"
 read -r shapes spec <<< "$LAGUNA"
-timeout 100 python3 scripts/diag_timeline.py --preset laguna-dflash --shapes "$shapes" \
+timeout 100 python3 scripts/diag_timeline.py --preset laguna-dflash --shapes "$shapes" --warm \
   --impl "cupy:$spec" --out "$OUT/laguna" > "$OUT/timeline_laguna.txt" 2>&1
 echo "laguna timeline rc=$? after ${SECONDS}s" | tee -a "$OUT/summary.txt"
 python3 - "$OUT" <<'PY'  # the main preset's per-shape JSON as one file
@@ -46,4 +48,4 @@ PY
 mv "$OUT/laguna/timeline.json" "$OUT/timeline_laguna.json" 2>/dev/null
 rm -rf "$OUT/main" "$OUT/laguna"
 tail -n 25 "$OUT/tests.log" | grep -E "passed|failed|Error" | tail -n 5
-cat "$OUT/carveout.txt" "$OUT/timeline_main.txt" "$OUT/timeline_laguna.txt" | grep -v Warning | tail -n 40
+cat "$OUT/carveout.txt" "$OUT/timeline_main.txt" 2>/dev/null "$OUT/timeline_laguna.txt" | grep -v Warning | tail -n 40

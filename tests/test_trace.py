@@ -30,11 +30,13 @@ def _ptx(defines: dict) -> str:
 def test_traced_build_has_its_buffers(page):
     traced = _ptx(_defines(WS_B1, page, TRACE=1))
     for name in ("drafter_trace", "drafter_trace_combine"):
-        # 4096 CTA rows of 16 u64 slots, by the names diag_timeline reads
-        assert re.search(rf"\.global \.align 8 \.b8 {name}\[524288\];", traced), name
+        # 4096 CTA rows of 32 u64 slots, by the names diag_timeline reads
+        assert re.search(rf"\.global \.align 8 \.b8 {name}\[1048576\];", traced), name
     assert "%globaltimer" in traced and "%smid" in traced
     plain = _ptx(_defines(WS_B1, page))
     assert "drafter_trace" not in plain and "%globaltimer" not in plain
+    assert "prefetch.global.L2" not in traced  # the probe only where asked for
+    assert "prefetch.global.L2" in _ptx(_defines(WS_B1, page, TRACE=1, TRACE_WARM=1))
 
 
 def test_traced_ws_rows_compiles_without_spills():
@@ -75,7 +77,8 @@ def test_trace_on_gpu(batch, ctx):
     assert len(attn) == plan.splits * 8 * batch  # every CTA recorded its entry
     t = attn.astype("int64")
     for a, b in ((d.ENTRY, d.IDS), (d.ENTRY, d.Q), (d.Q, d.FIRST), (d.FIRST, d.LOOP),
-                 (d.LOOP, d.STORED)):
+                 (d.LOOP, d.MERGE_IN), (d.LAST_LOOP, d.MERGE_IN), (d.LOOP1, d.MERGE_IN),
+                 (d.MERGE_IN, d.MERGED), (d.MERGED, d.STORED)):
         assert (t[:, a] <= t[:, b]).all(), (a, b)
     if plan.splits > 1:  # the combine starts once every attention CTA has stored
         assert len(comb) > 0

@@ -100,6 +100,9 @@ extern "C" __global__ void __launch_bounds__(128)
   if (threadIdx.x == 0) TRACE_COMBINE_AT(0);
 #endif
   const float lmax = row_lse_max(lse_part, rows, row, num_splits, lane);  // in every warp
+#if TRACE
+  if (threadIdx.x == 0) TRACE_COMBINE_AT(8);
+#endif
   float acc[PER];
 #pragma unroll
   for (int e = 0; e < PER; ++e) acc[e] = 0.f;
@@ -158,6 +161,9 @@ extern "C" __global__ void __launch_bounds__(128)
 #endif
   if (row >= rows) return;
   const float lmax = row_lse_max(lse_part, rows, row, num_splits, lane);
+#if TRACE
+  if (threadIdx.x == 0) TRACE_COMBINE_AT(8);
+#endif
   float acc[PER];
 #pragma unroll
   for (int e = 0; e < PER; ++e) acc[e] = 0.f;

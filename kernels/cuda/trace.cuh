@@ -7,11 +7,12 @@
 #pragma once
 #if TRACE
 constexpr int TRACE_ROWS = 4096;  // CTAs a launch records; later ones do not
-constexpr int TRACE_SLOTS = 16;   // 0-6 and 15: %globaltimer at a step; 7: the SM; 8-14: clock64
+constexpr int TRACE_SLOTS = 32;   // 0-13: %globaltimer at a step; 15: the SM; 16 + i: clock64 at step i
 // A CTA's row (the host reads them by these unmangled names). attention: 0 entry, 1 the
 // producer's page ids in hand, 2 its last copy issued, 3 consumer 0's Q landed, 4 its first tile
-// landed, 5 its tile loop done, 6 its output or partial stored, 15 the last consumer's tile loop
-// done. combine: 0 entry, 6 stored.
+// landed, 5 its tile loop done, 6 its output or partial stored, 7 the last consumer's tile loop
+// done, 8 consumer 1's, 9 consumer 0 past the merge's barrier, 10 its merge done (its stores
+// next). combine: 0 entry, 8 the row's largest lse in hand, 6 stored.
 __device__ unsigned long long drafter_trace[TRACE_ROWS * TRACE_SLOTS];
 __device__ unsigned long long drafter_trace_combine[TRACE_ROWS * TRACE_SLOTS];
 namespace drafter {
@@ -25,8 +26,8 @@ __device__ __forceinline__ void trace_at(unsigned long long* rows, int slot) {
   asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
   unsigned long long* row = rows + static_cast<unsigned long long>(cta) * TRACE_SLOTS;
   row[slot] = t;
-  if (slot < 7) row[8 + slot] = c;
-  row[7] = sm;
+  row[16 + slot] = c;
+  row[15] = sm;
 }
 }  // namespace drafter
 #define TRACE_AT(slot) drafter::trace_at(drafter_trace, slot)

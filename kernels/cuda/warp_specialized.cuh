@@ -139,6 +139,15 @@ __device__ __forceinline__ void ws_attention_body(
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
 #if TRACE
   if (tid == 0) TRACE_AT(0);
+#if TRACE_WARM  // a probe: the output rows' lines asked for at entry (their translation warmed)
+  if (tid == 0) {
+    const int splits = gridDim.x / ROW_SPLIT, Mw = qb * group;
+    const void* w = splits == 1
+        ? static_cast<const void*>(out + static_cast<long long>(b) * qb * hq * D + kvh * group * D)
+        : static_cast<const void*>(o_part + ((static_cast<long long>(blockIdx.x / ROW_SPLIT) * batch + b) * hkv + kvh) * Mw * D);
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(w));
+  }
+#endif
 #endif
   const int M = qb * group;
   int r_lo = 0, r_end = M;
@@ -562,7 +571,8 @@ __device__ __forceinline__ void ws_attention_body(
 #endif
 #if TRACE
   if (ctid == 0 && c == 0) TRACE_AT(5);
-  if (ctid == 0 && c == WS_CONSUMERS - 1) TRACE_AT(15);
+  if (ctid == 0 && c == WS_CONSUMERS - 1) TRACE_AT(7);
+  if (ctid == 0 && c == 1) TRACE_AT(8);
 #endif
 
   // ---- consumers 1.. hand their rows to consumer 0, each through the stage of its own last
@@ -613,6 +623,9 @@ __device__ __forceinline__ void ws_attention_body(
     }
     named_barrier(MERGE_BARRIER, 128 * WS_CONSUMERS);
     if (c > 0) return;
+#if TRACE
+    if (ctid == 0) TRACE_AT(9);
+#endif
 #pragma unroll 1
     for (int k = 1; k < WS_CONSUMERS; ++k) {
       float* xK = handover(k, false);
@@ -644,6 +657,9 @@ __device__ __forceinline__ void ws_attention_body(
   // partial and log-sum-exp
   const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
   const long long row_base = ((static_cast<long long>(split) * batch + b) * hkv + kvh) * M;
+#if TRACE
+  if (c == 0 && ctid == 0) TRACE_AT(10);
+#endif
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = half ? r1 : r0;
