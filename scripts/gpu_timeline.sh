@@ -27,7 +27,7 @@ timeout -s INT -k 10 "${TEST_S:-150}" python3 -m pytest -q -m gpu $TESTS -p no:c
 echo "tests rc=$? after ${SECONDS}s: $(tail -n 1 "$OUT/tests.log")" | tee -a "$OUT/summary.txt"
 mkdir -p "$OUT/main" "$OUT/laguna"
 while read -r shape spec; do
-  [ -n "${CARVEOUT:-1}" ] && timeout 60 python3 scripts/diag_carveout.py --shapes "$shape" \
+  [ -n "${CARVEOUT-1}" ] && timeout 60 python3 scripts/diag_carveout.py --shapes "$shape" \
     --impl "cupy:$spec" >> "$OUT/carveout.txt" 2>&1
   timeout 60 python3 scripts/diag_timeline.py --shapes "$shape" --impl "cupy:$spec" --warm \
     --out "$OUT/main/$shape" >> "$OUT/timeline_main.txt" 2>&1
