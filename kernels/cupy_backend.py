@@ -105,9 +105,6 @@ class Params:
     ws_overlap: bool = False  # ws only: a consumer's P V of one tile issued with the S = Q K^T of
     # its next and run under that tile's softmax, holding two stages (warp_specialized.cuh
     # WS_OVERLAP; `ws_knobs_reason`)
-    ws_spread: bool = False  # ws only: the end merge and the stores spread over every consumer
-    # thread through the freed stages, a warp storing a whole row an instruction
-    # (warp_specialized.cuh WS_SPREAD; `ws_knobs_reason`)
 
     @property
     def tensor_maps(self) -> bool:
@@ -335,9 +332,8 @@ def trim_reason(params: Params, head_dim: int, warps: int, sm: int | None = None
 
 
 def ws_knobs_reason(params: Params) -> str | None:
-    """Why `params.early_ids`, `params.ws_rows`, `params.ws_overlap` or `params.ws_spread` cannot
-    apply (None when they can, or are off): all are the warp-specialised kernel's (ws_overlap on
-    its lean loop; ws_spread where the stages hold every consumer's fp32 O)."""
+    """Why `params.early_ids`, `params.ws_rows` or `params.ws_overlap` cannot apply (None when
+    they can, or are off): all are the warp-specialised kernel's (ws_overlap on its lean loop)."""
     if params.early_ids and not params.ws:
         return "early_ids=1 is the warp-specialised producer's (ws=2..4)"
     if params.ws_rows and not params.ws:
@@ -349,12 +345,6 @@ def ws_knobs_reason(params: Params) -> str | None:
     if params.ws_overlap and params.ws == 4:
         # ptxas: 80-116 bytes spilled and every wgmma serialised for want of registers
         return "ws_overlap=1 holds a second tile's P, for which four consumers' 112 registers are too few"
-    if params.ws_spread and not params.ws:
-        return "ws_spread=1 spreads the warp-specialised kernel's end over its consumers (ws=2..4)"
-    if params.ws_spread and params.stages and params.tile_n and params.stages * params.tile_n < 64 * params.ws:
-        # each consumer's 64 x head_dim fp32 O takes as many bytes as 64 keys of bf16 K and V
-        return (f"ws_spread=1 puts every consumer's fp32 O in the stages: {params.ws} consumers "
-                f"need stages x tile_n >= {64 * params.ws}")
     return None
 
 
@@ -709,7 +699,6 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "early_ids": [False, True],
         "ws_rows": [False, True],
         "ws_overlap": [False, True],
-        "ws_spread": [False, True],
     }
 
 
@@ -770,14 +759,12 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
             defines["WS_ROWS"] = 1
         if params.ws_overlap:
             defines["WS_OVERLAP"] = 1
-        if params.ws_spread:
-            defines["WS_SPREAD"] = 1
     if params.trim:  # named only when on: the other variants keep their defines
         reason = trim_reason(params, head_dim, warps, sm)
         if reason:
             raise ValueError(reason)
         defines["TRIM"] = 1
-    if params.early_ids or params.ws_rows or params.ws_overlap or params.ws_spread:  # ws's own
+    if params.early_ids or params.ws_rows or params.ws_overlap:  # ws's own knobs
         reason = ws_knobs_reason(params)
         if reason:
             raise ValueError(reason)

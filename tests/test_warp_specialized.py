@@ -288,38 +288,3 @@ def test_ws_overlap_compiles_unserialised_without_spills(cache_dir, spec, preset
                              90)
     assert res.arch == "sm_90a" and res.spills == 0
     assert "serialized" not in res.log and "ptxas info" in res.log
-
-
-def test_ws_spread_is_named_only_when_on():
-    """`ws_spread` (opt-in): the WS_SPREAD define on a ws variant, the others keeping their
-    defines and shared memory (the merge reuses the stages); refused, with the reason, without
-    ws and where the stages cannot hold every consumer's fp32 O (stages x tile_n < 64 x ws)."""
-    plain = registry.from_spec("cupy:ws=3,tile_n=32,stages=6").params_for(_problem(), 90)
-    spread = registry.from_spec("cupy:ws=3,tile_n=32,stages=6,ws_spread=1").params_for(_problem(), 90)
-    d0 = cb.variant_defines("bfloat16", 128, 64, 16, 4, plain, 90)
-    assert cb.variant_defines("bfloat16", 128, 64, 16, 4, spread, 90) == {**d0, "WS_SPREAD": 1}
-    assert spread.smem_bytes(128, 4, True, 64) == plain.smem_bytes(128, 4, True, 64)
-    # (where the consumers hand O over through their own stages, ws_reason asks for two a
-    # consumer already, which holds them all; with ws_rows a consumer needs none)
-    assert "ws=2..4" in registry.from_spec("cupy:ws_spread=1").supports(_problem(), 90)
-    for spec, words in (("cupy:ws=3,ws_rows=1,stages=2,ws_spread=1", "stages x tile_n >= 192"),
-                        ("cupy:ws=3,ws_rows=1,tile_n=32,stages=4,ws_spread=1", "stages x tile_n >= 192")):
-        assert words in registry.from_spec(spec).supports(_problem("laguna-dflash"), 90)
-    assert registry.from_spec("cupy:ws=3,tile_n=32,stages=6,ws_spread=1").supports(_problem(), 90) is None
-    assert cb.tunables()["ws_spread"] == [False, True]
-
-
-@pytest.mark.parametrize("spec,preset", [("ws=3,tile_n=32,stages=9,early_ids=1", MAIN_PRESET),
-                                         ("ws=3,tile_n=32,stages=6,early_ids=1", MAIN_PRESET),
-                                         ("ws=2,stages=4,ws_overlap=1", MAIN_PRESET),
-                                         ("ws=3,ws_rows=1,early_ids=1,ws_overlap=1", "laguna-dflash")])
-@pytest.mark.parametrize("page", [16, 64, None])
-def test_ws_spread_compiles_unserialised_without_spills(cache_dir, spec, preset, page):
-    """The spread end keeps the table's ws picks free of spills and serialised wgmmas (it adds
-    no register to their tile loops: the O fragments go to shared memory once, after them)."""
-    g = get_preset(preset)
-    p = registry.from_spec(f"cupy:{spec},ws_spread=1").params_for(_problem(preset, page=page), 90)
-    res = cb.compile_variant(cb.variant_defines("bfloat16", 128, page, g.block_size, g.group, p, 90),
-                             90)
-    assert res.arch == "sm_90a" and res.spills == 0
-    assert "serialized" not in res.log and "ptxas info" in res.log

@@ -52,9 +52,6 @@
 #ifndef WS_OVERLAP
 #define WS_OVERLAP 0  // a consumer's P V of one tile under the S = Q K^T of its next (`ws_overlap`)
 #endif
-#ifndef WS_SPREAD
-#define WS_SPREAD 0  // the end merge and stores spread over every consumer, a warp a row (`ws_spread`)
-#endif
 namespace {
 constexpr int WS_THREADS = 128 * (1 + WS_CONSUMERS);
 static_assert(WS_CONSUMERS >= 2 && WS_CONSUMERS <= 4, "WARP_SPEC: 2, 3 or 4 consumer warpgroups");
@@ -79,10 +76,6 @@ constexpr int HO_FLOATS = (N < 64 ? N : 64) * D / 2;
 constexpr int HO_CHUNKS = DTILES * 4 * 128 / HO_FLOATS;
 static_assert(WS_ROWS || HO_CHUNKS <= 2 * (STAGES / WS_CONSUMERS),
               "the hand-over fits a consumer's stages");
-static_assert(!WS_SPREAD || 2 * STAGES * TILE_ELEMS * sizeof(elem_t) >= WS_CONSUMERS * 64 * D * sizeof(float),
-              "WS_SPREAD: every consumer's fp32 O fits the stages");
-static_assert(!WS_SPREAD || (WS_CONSUMERS - 1) * 512 >= WS_CONSUMERS * 128,
-              "WS_SPREAD: every consumer's rows' m and l fit sML");
 // the named barrier of the merge: after the consumers' own (1 .. WS_CONSUMERS)
 constexpr int MERGE_BARRIER = WS_CONSUMERS < 4 ? 4 : 1 + WS_CONSUMERS;
 }  // namespace
@@ -589,76 +582,6 @@ __device__ __forceinline__ void ws_attention_body(
   l0 += __shfl_xor_sync(0xffffffff, l0, 2);
   l1 += __shfl_xor_sync(0xffffffff, l1, 1);
   l1 += __shfl_xor_sync(0xffffffff, l1, 2);
-#if WS_SPREAD
-  // WS_SPREAD: the merge and the stores spread over every consumer thread, each store a warp's
-  // whole row (the fragments' own stores write 8 rows' 32-byte pieces an instruction, and the
-  // merge above runs on consumer 0 alone: together about 3000 cycles a CTA, H200, TRACE).
-  // Once every consumer is past its tile loop the stages are free: consumer c's unnormalised O
-  // goes to region c of them (fp32 [64][D], 16-byte chunks swizzled so that both the fragments'
-  // 8-byte writes and a warp's row of 16-byte reads are conflict-free), its rows' m and l to
-  // sML; then each thread takes (row, chunk) units, merges the consumers' chunks (WS_ROWS: its
-  // own consumer's only: the rows are its) and stores them.
-  {
-    constexpr int CH = D / 4;  // 16-byte chunks a row
-    float* const sO = reinterpret_cast<float*>(sK);
-    auto at = [](int row, int col) {  // float offset of (row, col) in a region
-      return row * D + ((((col >> 2) ^ ((row & 3) << 1))) << 2) + (col & 3);
-    };
-    named_barrier(MERGE_BARRIER, 128 * WS_CONSUMERS);  // every stage read (and every tile landed)
-    float* const mine = sO + c * 64 * D;
-    const int q0 = query_row(cwarp, g), q1 = q0 + 8;
-#pragma unroll
-    for (int d = 0; d < DTILES; ++d) {
-      *reinterpret_cast<float2*>(mine + at(q0, d * 8 + 2 * t4)) = make_float2(o[d][0], o[d][1]);
-      *reinterpret_cast<float2*>(mine + at(q1, d * 8 + 2 * t4)) = make_float2(o[d][2], o[d][3]);
-    }
-    if (t4 == 0) {
-      sML[c * 128 + q0] = m0;
-      sML[c * 128 + 64 + q0] = l0;
-      sML[c * 128 + q1] = m1;
-      sML[c * 128 + 64 + q1] = l1;
-    }
-    named_barrier(MERGE_BARRIER, 128 * WS_CONSUMERS);
-#if TRACE
-    if (c == 0 && ctid == 0) TRACE_AT(9);
-#endif
-    constexpr int NIN = WS_ROWS ? 1 : WS_CONSUMERS;  // regions merged into a row
-    const int first = WS_ROWS ? c : 0;
-    const int lt = WS_ROWS ? ctid : tid - 128, nt = WS_ROWS ? 128 : 128 * WS_CONSUMERS;
-    const int rows = r_end - r_lo;
-    const long long row_base = ((static_cast<long long>(split) * batch + b) * hkv + kvh) * M;
-    for (int u = lt; u < rows * CH; u += nt) {
-      const int rl = u / CH, ch = u % CH;
-      float mx = -INFINITY;
-#pragma unroll
-      for (int k = 0; k < NIN; ++k) mx = fmaxf(mx, sML[(first + k) * 128 + rl]);
-      const float base = mx == -INFINITY ? 0.f : mx;  // a fully masked row stays at zero
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      float l = 0.f;
-#pragma unroll
-      for (int k = 0; k < NIN; ++k) {
-        const float w = fast_exp2(sML[(first + k) * 128 + rl] - base);
-        l += w * sML[(first + k) * 128 + 64 + rl];
-        const float4 x = *reinterpret_cast<const float4*>(sO + (first + k) * 64 * D + at(rl, ch * 4));
-        acc.x += w * x.x;
-        acc.y += w * x.y;
-        acc.z += w * x.z;
-        acc.w += w * x.w;
-      }
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const int r = r_lo + rl;
-      if (num_splits == 1) {
-        elem_t* dst = out + ((static_cast<long long>(b) * qb + r / group) * hq + kvh * group + r % group) * D;
-        *reinterpret_cast<uint2*>(dst + ch * 4) =
-            make_uint2(pack2(acc.x * inv, acc.y * inv), pack2(acc.z * inv, acc.w * inv));
-      } else {
-        *reinterpret_cast<float4*>(o_part + (row_base + r) * D + ch * 4) =
-            make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-        if (ch == 0) lse_part[row_base + r] = l > 0.f ? base + log2f(l) : -INFINITY;
-      }
-    }
-  }
-#else
   constexpr int HALF_D = DTILES / 2, QUARTER_D = DTILES / 4;
   // consumer k's hand-over: its O fragments in its stage's K (d < HALF_D) and V halves
   auto handover = [&](int k, bool v_half) {
@@ -760,7 +683,6 @@ __device__ __forceinline__ void ws_attention_body(
       }
     }
   }
-#endif  // WS_SPREAD
 #if TRACE
   if (c == 0 && ctid == 0) TRACE_AT(6);
 #endif
