@@ -19,6 +19,7 @@ shipped table's pick (a warp-specialised one: the only kernel the trace is built
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 from pathlib import Path
@@ -148,7 +149,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--warm", action="store_true",
                     help="also a build that asks for its output rows' lines at entry (TRACE_WARM)")
-    ap.add_argument("--out", type=Path, help="folder for timeline.json (every replay's figures)")
+    ap.add_argument("--out", type=Path, help="folder for timeline.json.gz (every replay's figures, "
+                    "and the last replay's raw rows)")
     args = ap.parse_args(argv)
     index = torch.cuda.current_device()
     sm = cupy_backend.device_info(index)[1]
@@ -197,8 +199,8 @@ def main(argv=None) -> int:
                   + " | ".join(f"{med[c]:.0f}" if c in med else "-" for c in cycles), flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "timeline.json").write_text(json.dumps(dict(empty_graph_us=empty, **dump),
-                                                           indent=1, default=float))
+        with gzip.open(args.out / "timeline.json.gz", "wt") as f:
+            json.dump(dict(empty_graph_us=empty, **dump), f, default=float)
     return 0
 
 

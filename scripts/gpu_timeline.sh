@@ -6,7 +6,7 @@
 # 2. scripts/diag_carveout.py: the table's picks ($CASES) at B=1 2k/8k/32k and B=8 8k, page 64, with the
 #    kernels' default shared-memory carveout and with the largest, alternating    -> carveout.txt
 # 3. scripts/diag_timeline.py: the same calls CTA by CTA (TRACE=1 builds, and with TRACE_WARM),
-#    and laguna's B=8 and B=32 8k             -> timeline_main.txt, timeline_laguna.txt, *.json
+#    and laguna's B=8 and B=32 8k             -> timeline_main.txt, timeline_laguna.txt, *.json.gz
 # TESTS names the test files; CARVEOUT= (empty) skips step 2.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -38,14 +38,15 @@ timeout 100 python3 scripts/diag_timeline.py --preset laguna-dflash --shapes "$s
   --impl "cupy:$spec" --out "$OUT/laguna" > "$OUT/timeline_laguna.txt" 2>&1
 echo "laguna timeline rc=$? after ${SECONDS}s" | tee -a "$OUT/summary.txt"
 python3 - "$OUT" <<'PY'  # the main preset's per-shape JSON as one file
-import json, sys, pathlib
+import gzip, json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 merged = {}
-for f in sorted((out / "main").glob("*/timeline.json")):
-    merged.update(json.loads(f.read_text()))
-(out / "timeline_main.json").write_text(json.dumps(merged, indent=1))
+for f in sorted((out / "main").glob("*/timeline.json.gz")):
+    merged.update(json.loads(gzip.open(f, "rt").read()))
+with gzip.open(out / "timeline_main.json.gz", "wt") as f:
+    json.dump(merged, f)
 PY
-mv "$OUT/laguna/timeline.json" "$OUT/timeline_laguna.json" 2>/dev/null
+mv "$OUT/laguna/timeline.json.gz" "$OUT/timeline_laguna.json.gz" 2>/dev/null
 rm -rf "$OUT/main" "$OUT/laguna"
 tail -n 25 "$OUT/tests.log" | grep -E "passed|failed|Error" | tail -n 5
 cat "$OUT/carveout.txt" "$OUT/timeline_main.txt" 2>/dev/null "$OUT/timeline_laguna.txt" | grep -v Warning | tail -n 40
