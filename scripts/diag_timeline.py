@@ -67,7 +67,8 @@ def trace_modules(index: int, **extra) -> list:
         defines = dict(key[2])
         if key[1] != index or not defines.get("WARP_SPEC"):
             continue
-        defines.pop("TRACE_WARM", None)
+        for probe in ("TRACE_WARM", "TRACE_LDG_IDS"):
+            defines.pop(probe, None)
         res = cupy_backend.compile_variant({**defines, "TRACE": 1, **extra}, sm)
         new = cupy_backend.load_cubin(index, res.cubin_path, cupy_backend.module_smem(defines),
                                       mod.threads)
@@ -147,8 +148,9 @@ def main(argv=None) -> int:
     ap.add_argument("--preset", default=MAIN_PRESET)
     ap.add_argument("--samples", type=int, default=30)
     ap.add_argument("--reps", type=int, default=200)
-    ap.add_argument("--warm", action="store_true",
-                    help="also a build that asks for its output rows' lines at entry (TRACE_WARM)")
+    ap.add_argument("--probe", action="append", default=[], metavar="DEFINE",
+                    help="also a traced build with this probe on (trace.cuh: TRACE_WARM, "
+                         "TRACE_LDG_IDS); repeatable")
     ap.add_argument("--out", type=Path, help="folder for timeline.json.gz (every replay's figures, "
                     "and the last replay's raw rows)")
     args = ap.parse_args(argv)
@@ -163,7 +165,7 @@ def main(argv=None) -> int:
     cycles = ("cyc_first_tile", "cyc_loop", "cyc_epilogue", "cyc_to_merge", "cyc_merge", "cyc_store")
     print("B | ctx | build | CTAs | " + " | ".join(cols) + " | timer step ns | " + " | ".join(cycles))
     dump = {}
-    builds = {"traced": {}, **({"traced+warm": {"TRACE_WARM": 1}} if args.warm else {})}
+    builds = {"traced": {}, **{f"traced+{p}": {p: 1} for p in args.probe}}
     for batch, ctx in parse_shapes(args.shapes):
         spec = args.impl if dispatcher is None else pick_spec(
             dispatcher, get_preset(args.preset), "paged", args.page, batch, ctx, sm)

@@ -7,7 +7,8 @@
 #    kernels' default shared-memory carveout and with the largest, alternating    -> carveout.txt
 # 3. scripts/diag_timeline.py: the same calls CTA by CTA (TRACE=1 builds, and with TRACE_WARM),
 #    and laguna's B=8 and B=32 8k             -> timeline_main.txt, timeline_laguna.txt, *.json.gz
-# TESTS names the test files; CARVEOUT= (empty) skips step 2.
+# TESTS names the test files; CARVEOUT= (empty) skips step 2; PROBES adds traced builds with
+# trace.cuh's probes (default: --probe TRACE_WARM --probe TRACE_LDG_IDS).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 {
@@ -20,6 +21,7 @@ CASES=${CASES:-"1x2k combine=2,early_ids=1,lean=1,stages=9,tile_n=32,ws=3
 1x8k combine=2,lean=1,stages=9,tile_n=32,ws=3
 1x32k combine=2,early_ids=1,lean=1,stages=6,tile_n=32,ws=3
 8x8k early_ids=1,lean=1,stages=6,tile_n=32,ws=3"}
+PROBES=${PROBES-"--probe TRACE_WARM --probe TRACE_LDG_IDS"}
 LAGUNA=${LAGUNA:-"8x8k,32x8k early_ids=1,lean=1,stages=6,tile_n=32,ws=3,ws_overlap=1,ws_rows=1"}
 TESTS=${TESTS:-tests/test_trace.py tests/test_launch.py tests/test_ops.py}
 timeout -s INT -k 10 "${TEST_S:-150}" python3 -m pytest -q -m gpu $TESTS -p no:cacheprovider \
@@ -29,12 +31,12 @@ mkdir -p "$OUT/main" "$OUT/laguna"
 while read -r shape spec; do
   [ -n "${CARVEOUT-1}" ] && timeout 60 python3 scripts/diag_carveout.py --shapes "$shape" \
     --impl "cupy:$spec" >> "$OUT/carveout.txt" 2>&1
-  timeout 60 python3 scripts/diag_timeline.py --shapes "$shape" --impl "cupy:$spec" --warm \
+  timeout 60 python3 scripts/diag_timeline.py --shapes "$shape" --impl "cupy:$spec" $PROBES \
     --out "$OUT/main/$shape" >> "$OUT/timeline_main.txt" 2>&1
   echo "$shape rc=$? after ${SECONDS}s" | tee -a "$OUT/summary.txt"
 done <<< "$CASES"
 read -r shapes spec <<< "$LAGUNA"
-timeout 100 python3 scripts/diag_timeline.py --preset laguna-dflash --shapes "$shapes" --warm \
+timeout 100 python3 scripts/diag_timeline.py --preset laguna-dflash --shapes "$shapes" $PROBES \
   --impl "cupy:$spec" --out "$OUT/laguna" > "$OUT/timeline_laguna.txt" 2>&1
 echo "laguna timeline rc=$? after ${SECONDS}s" | tee -a "$OUT/summary.txt"
 python3 - "$OUT" <<'PY'  # the main preset's per-shape JSON as one file
