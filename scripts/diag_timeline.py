@@ -67,8 +67,6 @@ def trace_modules(index: int, **extra) -> list:
         defines = dict(key[2])
         if key[1] != index or not defines.get("WARP_SPEC"):
             continue
-        for probe in ("TRACE_WARM", "TRACE_LDG_IDS"):
-            defines.pop(probe, None)
         res = cupy_backend.compile_variant({**defines, "TRACE": 1, **extra}, sm)
         new = cupy_backend.load_cubin(index, res.cubin_path, cupy_backend.module_smem(defines),
                                       mod.threads)
@@ -149,8 +147,9 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=30)
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--probe", action="append", default=[], metavar="DEFINE",
-                    help="also a traced build with this probe on (trace.cuh: TRACE_WARM, "
-                         "TRACE_LDG_IDS); repeatable")
+                    help="also a traced build with this define set to 1: a probe added to the "
+                         "kernel behind `#if TRACE && DEFINE` (docs/experiments/trace-probes.patch "
+                         "has two); repeatable")
     ap.add_argument("--out", type=Path, help="folder for timeline.json.gz (every replay's figures, "
                     "and the last replay's raw rows)")
     args = ap.parse_args(argv)

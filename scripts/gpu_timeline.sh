@@ -5,10 +5,10 @@
 # 1. GPU tests: the trace (tests/test_trace.py), the launch path and the ops    -> tests.log
 # 2. scripts/diag_carveout.py: the table's picks ($CASES) at B=1 2k/8k/32k and B=8 8k, page 64, with the
 #    kernels' default shared-memory carveout and with the largest, alternating    -> carveout.txt
-# 3. scripts/diag_timeline.py: the same calls CTA by CTA (TRACE=1 builds, and with TRACE_WARM),
+# 3. scripts/diag_timeline.py: the same calls CTA by CTA (TRACE=1 builds, and PROBES),
 #    and laguna's B=8 and B=32 8k             -> timeline_main.txt, timeline_laguna.txt, *.json.gz
-# TESTS names the test files; CARVEOUT= (empty) skips step 2; PROBES adds traced builds with
-# trace.cuh's probes (default: --probe TRACE_WARM --probe TRACE_LDG_IDS).
+# TESTS names the test files; CARVEOUT= (empty) skips step 2; PROBES="--probe NAME ..." adds
+# traced builds with a probe's define (docs/experiments/trace-probes.patch: two, both level).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 {
@@ -21,7 +21,7 @@ CASES=${CASES:-"1x2k combine=2,early_ids=1,lean=1,stages=9,tile_n=32,ws=3
 1x8k combine=2,lean=1,stages=9,tile_n=32,ws=3
 1x32k combine=2,early_ids=1,lean=1,stages=6,tile_n=32,ws=3
 8x8k early_ids=1,lean=1,stages=6,tile_n=32,ws=3"}
-PROBES=${PROBES-"--probe TRACE_WARM --probe TRACE_LDG_IDS"}
+PROBES=${PROBES-}
 LAGUNA=${LAGUNA:-"8x8k,32x8k early_ids=1,lean=1,stages=6,tile_n=32,ws=3,ws_overlap=1,ws_rows=1"}
 TESTS=${TESTS:-tests/test_trace.py tests/test_launch.py tests/test_ops.py}
 timeout -s INT -k 10 "${TEST_S:-150}" python3 -m pytest -q -m gpu $TESTS -p no:cacheprovider \

@@ -1,10 +1,8 @@
 // TRACE=1 (scripts/diag_timeline.py only; no backend knob builds it): the warp-specialised
 // attention kernel and the split combine record, a CTA a row, the %globaltimer (ns, one clock for
 // the whole GPU) and clock64 (the SM's cycles) at which they reach their steps, to say where a
-// small-batch call's time goes between launch and output. Two probes ride on it: TRACE_WARM (the
-// output rows' lines asked for at entry) and TRACE_LDG_IDS (EARLY_IDS' page ids by plain loads
-// into registers instead of cp.async). Each point sits behind its own
-// `#if TRACE`: even an empty `if (tid == 0);` left in the source changed ptxas's code for three
+// small-batch call's time goes between launch and output. Each point sits behind its own `#if TRACE`:
+// even an empty `if (tid == 0);` left in the source changed ptxas's code for three
 // ws variants, and the untraced kernels must stay byte-identical.
 #pragma once
 #if TRACE

@@ -139,15 +139,6 @@ __device__ __forceinline__ void ws_attention_body(
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
 #if TRACE
   if (tid == 0) TRACE_AT(0);
-#if TRACE_WARM  // a probe: the output rows' lines asked for at entry (their translation warmed)
-  if (tid == 0) {
-    const int splits = gridDim.x / ROW_SPLIT, Mw = qb * group;
-    const void* w = splits == 1
-        ? static_cast<const void*>(out + static_cast<long long>(b) * qb * hq * D + kvh * group * D)
-        : static_cast<const void*>(o_part + ((static_cast<long long>(blockIdx.x / ROW_SPLIT) * batch + b) * hkv + kvh) * Mw * D);
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(w));
-  }
-#endif
 #endif
   const int M = qb * group;
   int r_lo = 0, r_end = M;
@@ -183,9 +174,6 @@ __device__ __forceinline__ void ws_attention_body(
   // consumer without tiles writes that at once).
   int* sSpec = reinterpret_cast<int*>(sML + (WS_CONSUMERS - 1) * 512);
   int spec_base = 0;
-#if TRACE && TRACE_LDG_IDS
-  int spec_lo = 0, spec_hi = 0;
-#endif
   // Q lands beside the length, not a trip after it
   if (WS_ROWS ? wg > 0 : wg == 1) q_copies(tid - (WS_ROWS ? 128 * wg : 128));
   if (warp == 0 && !SKIP_LOADS) {
@@ -200,14 +188,9 @@ __device__ __forceinline__ void ws_attention_body(
     const int s0 = t_lo + static_cast<int>(static_cast<unsigned>(n_ctx) * split / num_splits);
     spec_base = max(0, s0 * N / PAGE_SIZE - 32);
     const int p = spec_base + lane;  // never past the table's width (zero-filled there)
-#if TRACE && TRACE_LDG_IDS  // a probe: the early ids by plain loads into registers, not cp.async
-    spec_lo = p < table_stride ? trow[p] : 0;
-    spec_hi = p + 32 < table_stride ? trow[p + 32] : 0;
-#else
     cp_async_4(sSpec + lane, trow + (p < table_stride ? p : 0), p < table_stride);
     cp_async_4(sSpec + 32 + lane, trow + (p + 32 < table_stride ? p + 32 : 0), p + 32 < table_stride);
     cp_async_commit();
-#endif
   }
 #else
   if (WS_ROWS ? wg > 0 : wg == 1) q_copies(tid - (WS_ROWS ? 128 * wg : 128));
@@ -270,18 +253,10 @@ __device__ __forceinline__ void ws_attention_body(
     };
 #if EARLY_IDS  // chunk 0 from the early copies where they hold it
     const int shift = pbase - spec_base;
-#if TRACE && TRACE_LDG_IDS
-    const int at = shift + lane;  // lane L's id: early id shift + L, held by lane at % 32
-    const int lo_id = __shfl_sync(0xffffffffu, spec_lo, at & 31);
-    const int hi_id = __shfl_sync(0xffffffffu, spec_hi, at & 31);
-    int ids = shift >= 0 && shift <= 32 ? (pbase + lane < p_end ? (at < 32 ? lo_id : hi_id) : -1)
-                                        : chunk_ids(0);
-#else
     cp_async_wait<0>();
     __syncwarp();
     int ids = shift >= 0 && shift <= 32 ? (pbase + lane < p_end ? sSpec[shift + lane] : -1)
                                         : chunk_ids(0);
-#endif
 #else
     int ids = chunk_ids(0);
 #endif
