@@ -22,8 +22,8 @@ import torch
 from drafter_attn.bench import decode
 from drafter_attn.bench.attention_table import AUTO, pick_spec
 from drafter_attn.bench.attention_table import shapes as parse_shapes
-from drafter_attn.kernels import cupy_backend, registry
-from drafter_attn.kernels.cache import random_paged_context
+from diag_timeline import one_layer  # (scripts/ is the path's first entry when run)
+from drafter_attn.kernels import cupy_backend
 from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
 from drafter_attn.tuner import floors, timing
 
@@ -45,24 +45,6 @@ def set_carveout(value: int) -> int:
     return n
 
 
-def call(spec: str, preset: str, batch: int, ctx: int, page: int):
-    g = get_preset(preset)
-    gen = torch.Generator().manual_seed(batch * 100003 + ctx)
-    cache = random_paged_context(g, [ctx] * batch, page, "cuda", gen)
-    q = torch.randn(batch, g.block_size, g.num_q_heads, g.head_dim, generator=gen).to("cuda", g.torch_dtype)
-    kb = torch.randn(batch, g.block_size, g.num_kv_heads, g.head_dim, generator=gen).to("cuda", g.torch_dtype)
-    vb = torch.randn_like(kb)
-    out = torch.empty_like(q)
-    impl = registry.from_spec(spec)
-
-    def whole():
-        impl.paged_attention(q, kb, vb, *cache, mask=g.mask, window=g.window, out=out)
-
-    whole()
-    torch.cuda.synchronize()
-    return whole
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="1x2k,1x8k,1x32k,8x8k")
@@ -80,7 +62,7 @@ def main(argv=None) -> int:
         spec = args.impl if dispatcher is None else pick_spec(
             dispatcher, get_preset(args.preset), "paged", args.page, batch, ctx, sm)
         print(f"  {batch}x{ctx}: {spec}")
-        whole = call(spec, args.preset, batch, ctx, args.page)
+        _, whole, _ = one_layer(spec, args.preset, batch, ctx, args.page)
         got = {DEFAULT: [], MAX_SHARED: []}
         for _ in range(args.rounds):
             for value in (DEFAULT, MAX_SHARED):

@@ -20,27 +20,14 @@ import argparse
 
 import torch
 
+from diag_timeline import one_layer  # (scripts/ is the path's first entry when run)
 from drafter_attn.bench.attention_table import shapes as parse_shapes
-from drafter_attn.kernels import registry
-from drafter_attn.kernels.cache import random_paged_context
-from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
+from drafter_attn.kernels.presets import MAIN_PRESET
 from drafter_attn.tuner import floors, timing
 
 
 def parts(spec: str, preset: str, batch: int, ctx: int, page: int, reps: int) -> dict:
-    g = get_preset(preset)
-    gen = torch.Generator().manual_seed(batch * 100003 + ctx)
-    cache = random_paged_context(g, [ctx] * batch, page, "cuda", gen)
-    q = torch.randn(batch, g.block_size, g.num_q_heads, g.head_dim, generator=gen).to("cuda", g.torch_dtype)
-    kb = torch.randn(batch, g.block_size, g.num_kv_heads, g.head_dim, generator=gen).to("cuda", g.torch_dtype)
-    vb = torch.randn_like(kb)
-    out = torch.empty_like(q)
-    impl = registry.from_spec(spec)
-
-    def whole():
-        impl.paged_attention(q, kb, vb, *cache, mask=g.mask, window=g.window, out=out)
-
-    whole()
+    impl, whole, _ = one_layer(spec, preset, batch, ctx, page)
     plan = list(impl._plans.values())[-1]
     row = dict(impl=spec, batch=batch, ctx=ctx, page=page, splits=plan.splits)
     row["whole_us"] = timing.time_replays(whole, reps=reps).median_us

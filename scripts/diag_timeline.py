@@ -40,7 +40,10 @@ ENTRY, IDS, ISSUED, Q, FIRST, LOOP, STORED, LAST_LOOP, LOOP1, MERGE_IN, MERGED =
 LSE_MAX = 8  # the combine's
 
 
-def call(spec: str, preset: str, batch: int, ctx: int, page: int):
+def one_layer(spec: str, preset: str, batch: int, ctx: int, page: int):
+    """(backend, whole, out): one layer of `preset` on random paged inputs (seeded by the shape),
+    `whole()` its attention call as a decode step makes it, run once eagerly (compiled, loaded,
+    planned). scripts/diag_split_parts.py and diag_carveout.py build their calls here too."""
     g = get_preset(preset)
     gen = torch.Generator().manual_seed(batch * 100003 + ctx)
     cache = random_paged_context(g, [ctx] * batch, page, "cuda", gen)
@@ -168,7 +171,7 @@ def main(argv=None) -> int:
     for batch, ctx in parse_shapes(args.shapes):
         spec = args.impl if dispatcher is None else pick_spec(
             dispatcher, get_preset(args.preset), "paged", args.page, batch, ctx, sm)
-        impl, whole, out = call(spec, args.preset, batch, ctx, args.page)
+        impl, whole, out = one_layer(spec, args.preset, batch, ctx, args.page)
         plain = timing.time_replays(whole, reps=args.reps).median_us
         reference = out.clone()
         print(f"  {batch}x{ctx} {spec}: {plain:.2f} us untraced")

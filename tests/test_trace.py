@@ -61,7 +61,7 @@ def test_trace_on_gpu(batch, ctx):
     from drafter_attn.tuner import timing
 
     d = _diag()
-    impl, whole, out = d.call(f"cupy:{WS_B1}", "qwen3-8b-dflash-b16", batch, ctx, 64)
+    impl, whole, out = d.one_layer(f"cupy:{WS_B1}", "qwen3-8b-dflash-b16", batch, ctx, 64)
     plain = out.clone()
     out.fill_(float("nan"))
     traced = d.trace_modules(torch.cuda.current_device())
