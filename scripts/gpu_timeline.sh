@@ -3,11 +3,12 @@
 # (issue 11):
 #   OUT=/some/dir bash scripts/gpu_timeline.sh        (repository root; carry .whl)
 # 1. GPU tests: the trace (tests/test_trace.py), the launch path and the ops    -> tests.log
-# 2. scripts/diag_carveout.py: the table's picks ($CASES) at B=1 2k/8k/32k and B=8 8k, page 64, with the
-#    kernels' default shared-memory carveout and with the largest, alternating    -> carveout.txt
+# 2. with CARVEOUT=1, scripts/diag_carveout.py: the table's picks ($CASES: B=1 2k/8k/32k, B=8
+#    8k, page 64) with the kernels' default shared-memory carveout and with the largest,
+#    alternating (measured level on 2026-12-03)                                  -> carveout.txt
 # 3. scripts/diag_timeline.py: the same calls CTA by CTA (TRACE=1 builds, and PROBES),
 #    and laguna's B=8 and B=32 8k             -> timeline_main.txt, timeline_laguna.txt, *.json.gz
-# TESTS names the test files; CARVEOUT= (empty) skips step 2; PROBES="--probe NAME ..." adds
+# TESTS names the test files; PROBES="--probe NAME ..." adds
 # traced builds with a probe's define (docs/experiments/trace-probes.patch: two, both level).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -29,7 +30,7 @@ timeout -s INT -k 10 "${TEST_S:-150}" python3 -m pytest -q -m gpu $TESTS -p no:c
 echo "tests rc=$? after ${SECONDS}s: $(tail -n 1 "$OUT/tests.log")" | tee -a "$OUT/summary.txt"
 mkdir -p "$OUT/main" "$OUT/laguna"
 while read -r shape spec; do
-  [ -n "${CARVEOUT-1}" ] && timeout 60 python3 scripts/diag_carveout.py --shapes "$shape" \
+  [ -n "${CARVEOUT:-}" ] && timeout 60 python3 scripts/diag_carveout.py --shapes "$shape" \
     --impl "cupy:$spec" >> "$OUT/carveout.txt" 2>&1
   timeout 60 python3 scripts/diag_timeline.py --shapes "$shape" --impl "cupy:$spec" $PROBES \
     --out "$OUT/main/$shape" >> "$OUT/timeline_main.txt" 2>&1
