@@ -61,21 +61,26 @@ def one_layer(spec: str, preset: str, batch: int, ctx: int, page: int):
     return impl, whole, out
 
 
-def trace_modules(index: int, **extra) -> list:
-    """Swap every loaded warp-specialised variant for its TRACE=1 build (with `extra` defines;
-    the plans made after this launch those); the traced modules."""
-    sm = cupy_backend.device_info(index)[1]
-    traced = []
+def trace_call(impl, index: int, **extra):
+    """Swap the module the call's last plan launches, if it is a warp-specialised variant, for its
+    TRACE=1 build (with `extra` defines), and drop the plans so that the next call launches it;
+    the traced module, or None. Only that module: one a process loaded for another shape keeps
+    its own build."""
+    plan = list(impl._plans.values())[-1]
     for key, mod in list(cupy_backend._loaded.items()):
-        defines = dict(key[2])
-        if key[1] != index or not defines.get("WARP_SPEC"):
+        if key[1] != index or int(mod.attention) != int(plan.attention.func):
             continue
-        res = cupy_backend.compile_variant({**defines, "TRACE": 1, **extra}, sm)
-        new = cupy_backend.load_cubin(index, res.cubin_path, cupy_backend.module_smem(defines),
-                                      mod.threads)
-        cupy_backend._loaded[key] = new
-        traced.append(new)
-    return traced
+        defines = dict(key[2])  # the untraced variant's (its key stays the runtime's)
+        if not defines.get("WARP_SPEC"):
+            return None
+        res = cupy_backend.compile_variant({**defines, "TRACE": 1, **extra},
+                                           cupy_backend.device_info(index)[1])
+        traced = cupy_backend.load_cubin(index, res.cubin_path, cupy_backend.module_smem(defines),
+                                         mod.threads)
+        cupy_backend._loaded[key] = traced
+        impl.clear_plans()
+        return traced
+    return None
 
 
 def buffers(mod):
@@ -176,11 +181,10 @@ def main(argv=None) -> int:
         reference = out.clone()
         print(f"  {batch}x{ctx} {spec}: {plain:.2f} us untraced")
         for build, extra in builds.items():
-            traced = trace_modules(index, **extra)
-            if not traced:
-                print(f"{batch} | {ctx} | {spec}: no warp-specialised kernel loaded, nothing traced")
+            traced = trace_call(impl, index, **extra)
+            if traced is None:
+                print(f"{batch} | {ctx} | {spec}: not a warp-specialised kernel, nothing traced")
                 break
-            impl.clear_plans()
             out.fill_(float("nan"))
             whole()
             torch.cuda.synchronize()
@@ -188,7 +192,7 @@ def main(argv=None) -> int:
             err = (out.float() - reference.float()).abs().max().item()
             graph = timing.capture(whole)
             traced_us = timing.time_graph(graph, reps=args.reps).median_us
-            bufs = buffers(traced[0])
+            bufs = buffers(traced)
             raw = [sample(graph, bufs) for _ in range(args.samples)]
             rows = [figures(*r) for r in raw]
             med = {k: statistics.median(r[k] for r in rows) for k in rows[0]

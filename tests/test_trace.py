@@ -64,14 +64,13 @@ def test_trace_on_gpu(batch, ctx):
     impl, whole, out = d.one_layer(f"cupy:{WS_B1}", "qwen3-8b-dflash-b16", batch, ctx, 64)
     plain = out.clone()
     out.fill_(float("nan"))
-    traced = d.trace_modules(torch.cuda.current_device())
-    assert traced
-    impl.clear_plans()
+    traced = d.trace_call(impl, torch.cuda.current_device())
+    assert traced is not None
     whole()
     torch.cuda.synchronize()
     assert torch.equal(out, plain)  # the trace only stores beside the math
     graph = timing.capture(whole)
-    attn, comb = d.sample(graph, d.buffers(traced[0]))
+    attn, comb = d.sample(graph, d.buffers(traced))
     plan = list(impl._plans.values())[-1]
     assert len(attn) == plan.splits * 8 * batch  # every CTA recorded its entry
     t = attn.astype("int64")
