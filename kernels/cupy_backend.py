@@ -105,6 +105,9 @@ class Params:
     ws_overlap: bool = False  # ws only: a consumer's P V of one tile issued with the S = Q K^T of
     # its next and run under that tile's softmax, holding two stages (warp_specialized.cuh
     # WS_OVERLAP; `ws_knobs_reason`)
+    q_step: bool = False  # ws only: each thread's Q copies addressed by a constant step a row
+    # instead of a division by the group a row, so they are issued in ~100 instructions, not
+    # ~480, before the CTA's first barrier (warp_specialized.cuh Q_STEP; `ws_knobs_reason`)
 
     @property
     def tensor_maps(self) -> bool:
@@ -332,12 +335,15 @@ def trim_reason(params: Params, head_dim: int, warps: int, sm: int | None = None
 
 
 def ws_knobs_reason(params: Params) -> str | None:
-    """Why `params.early_ids`, `params.ws_rows` or `params.ws_overlap` cannot apply (None when
-    they can, or are off): all are the warp-specialised kernel's (ws_overlap on its lean loop)."""
+    """Why `params.early_ids`, `params.ws_rows`, `params.ws_overlap` or `params.q_step` cannot
+    apply (None when they can, or are off): all are the warp-specialised kernel's (ws_overlap on
+    its lean loop)."""
     if params.early_ids and not params.ws:
         return "early_ids=1 is the warp-specialised producer's (ws=2..4)"
     if params.ws_rows and not params.ws:
         return "ws_rows=1 deals rows over the warp-specialised kernel's consumers (ws=2..4)"
+    if params.q_step and not params.ws:
+        return "q_step=1 addresses the warp-specialised kernel's Q copies (ws=2..4)"
     if params.ws_overlap and not params.ws:
         return "ws_overlap=1 pipelines the warp-specialised kernel's consumers (ws=2..4)"
     if params.ws_overlap and not params.lean:
@@ -699,6 +705,7 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "early_ids": [False, True],
         "ws_rows": [False, True],
         "ws_overlap": [False, True],
+        "q_step": [False, True],
     }
 
 
@@ -764,12 +771,14 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         if reason:
             raise ValueError(reason)
         defines["TRIM"] = 1
-    if params.early_ids or params.ws_rows or params.ws_overlap:  # ws's own knobs
+    if params.early_ids or params.ws_rows or params.ws_overlap or params.q_step:  # ws's own knobs
         reason = ws_knobs_reason(params)
         if reason:
             raise ValueError(reason)
     if params.early_ids:  # named only when on: the other ws variants keep their defines
         defines["EARLY_IDS"] = 1
+    if params.q_step:
+        defines["Q_STEP"] = 1
     return defines
 
 

@@ -3,7 +3,8 @@ preset run as the runtime runs it (a CUDA graph of the warp-specialised attentio
 split combine, the L2 cold), with both kernels built with TRACE=1 (kernels/cuda/trace.cuh), so
 that every CTA records the GPU's %globaltimer when it reaches each step:
 
-    entry -> page ids in hand (the producer) -> Q landed, first tile landed (consumer 0)
+    entry -> the context length in hand, Q's copies issued, past the first barrier
+      -> page ids in hand (the producer) -> Q landed, first tile landed (consumer 0)
       -> tile loop done (consumer 0; the last consumer) -> output or partial stored
       -> the combine's CTAs: entry, stored
 
@@ -36,7 +37,8 @@ from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
 from drafter_attn.tuner import floors, timing
 
 ROWS, SLOTS, SM, CLOCK = 4096, 32, 15, 16  # trace.cuh's TRACE_ROWS, TRACE_SLOTS, the SM's slot, clocks'
-ENTRY, IDS, ISSUED, Q, FIRST, LOOP, STORED, LAST_LOOP, LOOP1, MERGE_IN, MERGED = range(11)
+(ENTRY, IDS, ISSUED, Q, FIRST, LOOP, STORED, LAST_LOOP, LOOP1, MERGE_IN, MERGED, LEN, SYNCED,
+ Q_ISSUED) = range(14)
 LSE_MAX = 8  # the combine's
 
 
@@ -112,8 +114,8 @@ def figures(attn: np.ndarray, comb: np.ndarray) -> dict:
 
     f = {"ctas": len(attn), "sms": len(np.unique(attn[:, SM])),
          "entry_max": us(ENTRY).max()}
-    for name, col in (("ids", IDS), ("issued", ISSUED), ("q", Q), ("first_tile", FIRST),
-                      ("loop", LOOP), ("loop1", LOOP1), ("last_loop", LAST_LOOP),
+    for name, col in (("len", LEN), ("q_issued", Q_ISSUED), ("synced", SYNCED), ("ids", IDS),
+                      ("issued", ISSUED), ("q", Q), ("first_tile", FIRST), ("loop", LOOP), ("loop1", LOOP1), ("last_loop", LAST_LOOP),
                       ("merge_in", MERGE_IN), ("merged", MERGED), ("stored", STORED)):
         v = us(col)
         if len(v):
@@ -166,7 +168,8 @@ def main(argv=None) -> int:
     dispatcher = decode.load_dispatcher(None, sm)[0] if args.impl == AUTO else None
     empty = floors.empty_graph_us()
     print(f"empty graph {empty:.2f} us ({torch.cuda.get_device_name()})")
-    cols = ("whole", "span", "entry_max", "ids_med", "q_med", "first_tile_med",
+    cols = ("whole", "span", "entry_max", "len_med", "q_issued_med", "synced_med", "ids_med", "q_med",
+            "first_tile_med",
             "first_tile_max", "loop_med", "loop_max", "last_loop_max", "merge_in_med", "merged_med",
             "stored_med", "stored_max", "combine_start", "combine_lse_med", "combine_end")
     cycles = ("cyc_first_tile", "cyc_loop", "cyc_epilogue", "cyc_to_merge", "cyc_merge", "cyc_store")

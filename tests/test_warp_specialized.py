@@ -15,7 +15,7 @@ import re
 import pytest
 
 from drafter_attn.kernels import cupy_backend as cb
-from drafter_attn.kernels import registry
+from drafter_attn.kernels import registry, static_profile
 from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
 from drafter_attn.kernels.spec import Problem
 
@@ -271,6 +271,42 @@ def test_ws_overlap_is_the_lean_loops_and_named_only_when_on():
                         ("cupy:ws=4,ws_overlap=1", "four consumers")):
         assert words in registry.from_spec(spec).supports(_problem(), 90)
     assert cb.tunables()["ws_overlap"] == [False, True]
+
+
+def test_q_step_is_wss_and_named_only_when_on():
+    """`q_step` (opt-in): the Q_STEP define on a ws variant, the others keeping their defines;
+    refused, with the reason, without ws."""
+    plain = registry.from_spec("cupy:ws=3,tile_n=32,early_ids=1").params_for(_problem(), 90)
+    step = registry.from_spec("cupy:ws=3,tile_n=32,early_ids=1,q_step=1").params_for(_problem(), 90)
+    d0 = cb.variant_defines("bfloat16", 128, 64, 16, 4, plain, 90)
+    assert cb.variant_defines("bfloat16", 128, 64, 16, 4, step, 90) == {**d0, "Q_STEP": 1}
+    assert step.smem_bytes(128, 4, True, 64) == plain.smem_bytes(128, 4, True, 64)
+    assert "ws=2..4" in registry.from_spec("cupy:q_step=1").supports(_problem(), 90)
+    assert cb.tunables()["q_step"] == [False, True]
+
+
+@pytest.mark.parametrize("spec,preset,page", [("ws=3,tile_n=32,stages=9,early_ids=1", MAIN_PRESET, 64),
+                                              ("ws=3,tile_n=32,stages=9", MAIN_PRESET, None),
+                                              ("ws=3,ws_rows=1,early_ids=1,ws_overlap=1", "laguna-dflash", 64),
+                                              ("ws=2", "gpt-oss-20b-dflash", 16)])
+def test_q_step_compiles_without_spills_and_unrolls_the_copies(cache_dir, spec, preset, page):
+    """Q_STEP keeps the variant free of spills; where early_ids issues Q's copies before the
+    CTA's first barrier, the code up to that barrier runs straight (every branch forward: the
+    copies unrolled, one division in all), where the plain build loops over its rows with a
+    division each."""
+    g = get_preset(preset)
+    loops = {}
+    for extra in ("", ",q_step=1"):
+        p = registry.from_spec(f"cupy:{spec}{extra}").params_for(_problem(preset, page=page), 90)
+        res = cb.compile_variant(cb.variant_defines("bfloat16", 128, page, g.block_size, g.group, p, 90), 90)
+        assert res.arch == "sm_90a" and res.spills == 0
+        sass = static_profile.sass_text(res.cubin_path, "drafter_attention")
+        instrs = re.findall(r"/\*([0-9a-f]{4})\*/\s+(.*?);", sass)
+        barrier = next(i for i, (_, ins) in enumerate(instrs) if "BAR.SYNC" in ins)
+        loops[extra] = [(a, ins) for a, ins in instrs[:barrier]
+                        if (m := re.search(r"BRA (0x[0-9a-f]+)", ins)) and int(m.group(1), 16) <= int(a, 16)]
+    if "early_ids" in spec:
+        assert loops[""] and not loops[",q_step=1"], loops
 
 
 @pytest.mark.parametrize("spec,preset", [("ws=2", MAIN_PRESET), ("ws=3,tile_n=32,early_ids=1", MAIN_PRESET),

@@ -12,7 +12,9 @@ constexpr int TRACE_SLOTS = 32;   // 0-13: %globaltimer at a step; 15: the SM; 1
 // producer's page ids in hand, 2 its last copy issued, 3 consumer 0's Q landed, 4 its first tile
 // landed, 5 its tile loop done, 6 its output or partial stored, 7 the last consumer's tile loop
 // done, 8 consumer 1's, 9 consumer 0 past the merge's barrier, 10 its merge done (its stores
-// next). combine: 0 entry, 8 the row's largest lse in hand, 6 stored.
+// next), 11 the context length in hand (thread 0), 12 past the barriers' set-up (the CTA's first
+// __syncthreads), 13 consumer 0's Q copies issued. combine: 0 entry, 8 the row's largest lse in
+// hand, 6 stored.
 __device__ unsigned long long drafter_trace[TRACE_ROWS * TRACE_SLOTS];
 __device__ unsigned long long drafter_trace_combine[TRACE_ROWS * TRACE_SLOTS];
 namespace drafter {

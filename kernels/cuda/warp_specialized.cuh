@@ -49,6 +49,9 @@
 #ifndef WS_ROWS
 #define WS_ROWS 0  // the consumers share every tile, each holding its own share of the rows (`ws_rows`)
 #endif
+#ifndef Q_STEP
+#define Q_STEP 0  // Q's copies addressed by a constant step a row, not a division (`q_step`)
+#endif
 #ifndef WS_OVERLAP
 #define WS_OVERLAP 0  // a consumer's P V of one tile under the S = Q K^T of its next (`ws_overlap`)
 #endif
@@ -150,6 +153,36 @@ __device__ __forceinline__ void ws_attention_body(
 
   // the CTA's Q rows into its Q stage (rows past its share zero-filled): consumer 0's threads
   // (WS_ROWS: each consumer's its own), before anything waits
+#if Q_STEP
+  // Q_STEP: a thread's rows lie STEP apart, so one division places its first row (query token
+  // qi, head h of the group) and each further row is a constant step, plus a token's worth where
+  // h wraps. Dividing by the group a row makes the copies about 480 instructions a thread, and
+  // with EARLY_IDS the CTA's first barrier waits for them to be issued.
+  auto q_copies = [&](int ctid) {
+    constexpr int STEP = 128 / CPR;  // a multiple of 8 rows: the swizzle repeats
+    const int col = (ctid % CPR) * 8;
+    int r = r_lo + ctid / CPR;
+    const int qi = r / group, dq = STEP / group, dh = STEP - dq * group;
+    int h = r - qi * group;
+    const elem_t* src = q + ((static_cast<long long>(b) * qb + qi) * hq + kvh * group + h) * D + col;
+    const long long step = (static_cast<long long>(dq) * hq + dh) * D;
+    const long long wrap = static_cast<long long>(hq - group) * D;  // h past the group: next token
+    elem_t* dst = sQc + q_off(ctid / CPR, col);
+#pragma unroll
+    for (int k = 0; k < CPR / 2; ++k) {  // rows past r_end zero-filled (their src is never read)
+      cp_async_16(dst, r < r_end ? src : q, r < r_end);
+      r += STEP;
+      dst += STEP * 64;
+      h += dh;
+      src += step;
+      if (h >= group) {
+        h -= group;
+        src += wrap;
+      }
+    }
+    cp_async_commit();
+  };
+#else
   auto q_copies = [&](int ctid) {
     for (int i = ctid; i < 64 * CPR; i += 128) {
       const int r = r_lo + i / CPR, col = (i % CPR) * 8;
@@ -159,6 +192,7 @@ __device__ __forceinline__ void ws_attention_body(
     }
     cp_async_commit();
   };
+#endif
 #if EARLY_IDS
   const int* trow = table + static_cast<long long>(b) * table_stride;
   const int len = ctx_lens[b];  // in flight while the producer's warp reads the table
@@ -176,6 +210,9 @@ __device__ __forceinline__ void ws_attention_body(
   int spec_base = 0;
   // Q lands beside the length, not a trip after it
   if (WS_ROWS ? wg > 0 : wg == 1) q_copies(tid - (WS_ROWS ? 128 * wg : 128));
+#if TRACE
+  if (tid == 128) TRACE_AT(13);  // consumer 0's first thread has issued its Q copies
+#endif
   if (warp == 0 && !SKIP_LOADS) {
     if (lane == 0) {  // the tensor maps, which the first copies wait for as well
       tma_prefetch_map(tma_k);
@@ -194,6 +231,9 @@ __device__ __forceinline__ void ws_attention_body(
   }
 #else
   if (WS_ROWS ? wg > 0 : wg == 1) q_copies(tid - (WS_ROWS ? 128 * wg : 128));
+#if TRACE
+  if (tid == 128) TRACE_AT(13);  // consumer 0's first thread has issued its Q copies
+#endif
   if (warp == 0 && lane == 0 && !SKIP_LOADS) {
     tma_prefetch_map(tma_k);
     tma_prefetch_map(tma_v);
@@ -203,6 +243,12 @@ __device__ __forceinline__ void ws_attention_body(
 
   // this CTA's tiles, as in attention_body: context tiles [t0, t1), then the block if last split
   const int P = max(0, min(len, capacity));
+#if TRACE  // when the context length lands (every thread waits for it)
+  if (tid == 0) {
+    asm volatile("" ::"r"(P));
+    TRACE_AT(11);
+  }
+#endif
   int t0, t1;
   split_tiles(P, mask_mode, window, split, num_splits, t0, t1);
   const int n_ctx_here = t1 - t0;
@@ -233,6 +279,9 @@ __device__ __forceinline__ void ws_attention_body(
     mbar_init_fence();
   }
   __syncthreads();
+#if TRACE  // and when the CTA is past its barriers' set-up
+  if (tid == 0) TRACE_AT(12);
+#endif
 
   if (wg == 0) {  // ---- producer
     regs_down<WS_PRODUCER_REGS>();
@@ -333,6 +382,9 @@ __device__ __forceinline__ void ws_attention_body(
   const int c = wg - 1, ctid = tid - 128 * wg, cwarp = ctid >> 5;
 #if !EARLY_IDS  // (there issued before the context length is waited for)
   if (WS_ROWS || c == 0) q_copies(ctid);
+#if TRACE
+  if (c == 0 && ctid == 0) TRACE_AT(13);
+#endif
 #endif
   regs_up<WS_CONSUMER_REGS>();
   if (WS_ROWS || c == 0) {
