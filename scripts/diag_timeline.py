@@ -157,9 +157,10 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=30)
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--probe", action="append", default=[], metavar="DEFINE",
-                    help="also a traced build with this define set to 1: a probe added to the "
-                         "kernel behind `#if TRACE && DEFINE` (docs/experiments/trace-probes.patch "
-                         "has two); repeatable")
+                    help="also a traced build with this define set to 1 (A,B: each of them): a "
+                         "probe added to the kernel behind `#if TRACE && DEFINE` "
+                         "(docs/experiments/trace-probes.patch has two), or a knob's define; "
+                         "repeatable")
     ap.add_argument("--out", type=Path, help="folder for timeline.json.gz (every replay's figures, "
                     "and the last replay's raw rows)")
     args = ap.parse_args(argv)
@@ -175,7 +176,7 @@ def main(argv=None) -> int:
     cycles = ("cyc_first_tile", "cyc_loop", "cyc_epilogue", "cyc_to_merge", "cyc_merge", "cyc_store")
     print("B | ctx | build | CTAs | " + " | ".join(cols) + " | timer step ns | " + " | ".join(cycles))
     dump = {}
-    builds = {"traced": {}, **{f"traced+{p}": {p: 1} for p in args.probe}}
+    builds = {"traced": {}, **{f"traced+{p}": dict.fromkeys(p.split(","), 1) for p in args.probe}}
     for batch, ctx in parse_shapes(args.shapes):
         spec = args.impl if dispatcher is None else pick_spec(
             dispatcher, get_preset(args.preset), "paged", args.page, batch, ctx, sm)

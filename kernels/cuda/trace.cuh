@@ -31,7 +31,20 @@ __device__ __forceinline__ void trace_at(unsigned long long* rows, int slot) {
   row[16 + slot] = c;
   row[15] = sm;
 }
+// a time taken now and stored later (TRACE_PUT), where a store would sit before a fence that
+// may wait for it
+__device__ __forceinline__ unsigned long long trace_time() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void trace_put(unsigned long long* rows, int slot, unsigned long long v) {
+  const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (cta < TRACE_ROWS) rows[static_cast<unsigned long long>(cta) * TRACE_SLOTS + slot] = v;
+}
 }  // namespace drafter
+#define TRACE_TIME() drafter::trace_time()
+#define TRACE_PUT(slot, v) drafter::trace_put(drafter_trace, slot, v)
 #define TRACE_AT(slot) drafter::trace_at(drafter_trace, slot)
 #define TRACE_COMBINE_AT(slot) drafter::trace_at(drafter_trace_combine, slot)
 #endif
