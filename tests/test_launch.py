@@ -253,3 +253,62 @@ def test_eager_calls_run_as_one_graph_per_stream(spec):
     from drafter_attn.kernels import native
 
     assert native.unavailable() is None and set(plan.launches.runners) == set(plan.launches.graphs)
+
+
+class FakeEdgeApi(FakeGraphApi):
+    """FakeGraphApi with cuGraphAddDependencies_v2: records each edge's data."""
+
+    def add_edges(self, graph, src, dst, data, count):
+        e = data._obj
+        self.log.append(("edge", _val(graph), _val(src[0]), _val(dst[0]),
+                         (e.from_port, e.to_port, e.type), count))
+        return 0
+
+
+def test_a_programmatic_combine_is_a_programmatic_edge_and_an_ex_launch(raw_launches, monkeypatch):
+    """pdl=1's combine: in the call's graph its node has no ordinary dependency but an edge from
+    the attention's programmatic port (cuda.h: port 1, type 1; tests/test_pdl.py checks those
+    against the header); launched one by one (inside a capture) it goes by cuLaunchKernelEx with
+    the programmatic-serialisation attribute, on the call's stream."""
+    api = FakeEdgeApi()
+    monkeypatch.setattr(L, "graph_api", lambda: api)
+    seen = []
+
+    def launch_ex(config, func, params, extra):
+        c = config._obj
+        attr = c.attrs.contents
+        seen.append((_val(func), tuple(c.grid), c.stream, c.num_attrs, attr.id,
+                     int.from_bytes(attr.value[:4], "little")))
+        return 0
+
+    monkeypatch.setattr(L, "_driver_launch_ex", lambda: launch_ex)
+    attention = L.Launch(0xA000, (4, 8, 1), (384, 1, 1), 90_000, cb.DrafterParams())
+    combine = L.Launch(0xB000, (128, 1, 1), (128, 1, 1), 0, cb.CombineArgs(), programmatic=True)
+    graph = L.LaunchGraph([attention, combine])
+    graph(stream=5, captured=False)
+    adds = [e for e in api.log if e[0] == "add"]
+    edges = [e for e in api.log if e[0] == "edge"]
+    n_attention, n_combine = adds[0][-1], adds[1][-1]
+    assert adds[1][2] == []  # no full-completion dependency
+    assert edges == [("edge", adds[0][1], n_attention, n_combine, (1, 0, 1), 1)]
+    assert seen == [] and raw_launches == []
+    graph(stream=7, captured=True)
+    assert len(raw_launches) == 1  # the attention by cuLaunchKernel
+    assert seen == [(0xB000, (128, 1, 1), 7, 1, L.PROGRAMMATIC_STREAM_SERIALIZATION, 1)]
+
+
+def test_a_programmatic_launch_without_the_graph_edge_api_launches_one_by_one(raw_launches,
+                                                                              monkeypatch):
+    """A driver without cuGraphAddDependencies_v2: the call's graph is refused with the reason
+    and its kernels launch one by one (the combine still programmatic)."""
+    api = FakeGraphApi()
+    api.add_edges = None
+    monkeypatch.setattr(L, "graph_api", lambda: api)
+    seen = []
+    monkeypatch.setattr(L, "_driver_launch_ex", lambda: lambda *a: seen.append(a) or 0)
+    attention = L.Launch(0xA000, (4, 8, 1), (384, 1, 1), 90_000, cb.DrafterParams())
+    combine = L.Launch(0xB000, (128, 1, 1), (128, 1, 1), 0, cb.CombineArgs(), programmatic=True)
+    graph = L.LaunchGraph([attention, combine])
+    graph(stream=5, captured=False)
+    assert "cuGraphAddDependencies_v2" in graph.no_graph
+    assert len(raw_launches) == 1 and len(seen) == 1

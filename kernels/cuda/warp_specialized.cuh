@@ -52,9 +52,6 @@
 #ifndef Q_STEP
 #define Q_STEP 0  // Q's copies addressed by a constant step a row, not a division (`q_step`)
 #endif
-#ifndef WS_EARLY_INIT
-#define WS_EARLY_INIT 0  // the mbarriers set up while the context length is in flight
-#endif
 #ifndef WS_OVERLAP
 #define WS_OVERLAP 0  // a consumer's P V of one tile under the S = Q K^T of its next (`ws_overlap`)
 #endif
@@ -157,17 +154,6 @@ __device__ __forceinline__ void ws_attention_body(
 
   // the CTA's Q rows into its Q stage (rows past its share zero-filled): consumer 0's threads
   // (WS_ROWS: each consumer's its own), before anything waits
-  // the stages' barriers, set up by thread 0 (a macro, not a lambda: the call changed ptxas's
-  // code for two ws variants)
-#define WS_INIT_BARRIERS()                                                                   \
-  if (tid == 0) {                                                                            \
-    _Pragma("unroll") for (int s = 0; s < STAGES; ++s) {                                     \
-      mbar_init(full + s, 1);                /* the producer's arrival (and the copies' bytes) */ \
-      mbar_init(empty + s, 128 * Q_STAGES);  /* every thread of the consumer(s) reading it */    \
-    }                                                                                        \
-    mbar_init(qbar, 128 * Q_STAGES);                                                         \
-    mbar_init_fence();                                                                       \
-  }
 #if Q_STEP
   // Q_STEP: a thread's rows lie STEP apart, so one division places its first row (query token
   // qi, head h of the group) and each further row is a constant step, plus a token's worth where
@@ -255,9 +241,6 @@ __device__ __forceinline__ void ws_attention_body(
   }
   const int slot = warp == 0 && !SKIP_LOADS ? trow[0] : 0;  // the arena slot, read as early
 #endif
-#if WS_EARLY_INIT  // while the length is in flight
-  WS_INIT_BARRIERS();
-#endif
 
   // this CTA's tiles, as in attention_body: context tiles [t0, t1), then the block if last split
   const int P = max(0, min(len, capacity));
@@ -274,14 +257,8 @@ __device__ __forceinline__ void ws_attention_body(
   const int n_iter = n_ctx_here + (split == num_splits - 1 ? 1 : 0);
 
 #else
-#if WS_EARLY_INIT  // while the length is in flight
-  const int len = ctx_lens[b];
-  WS_INIT_BARRIERS();
-  const int P = max(0, min(len, capacity));
-#else
   // this CTA's tiles, as in attention_body: context tiles [t0, t1), then the block if last split
   const int P = max(0, min(ctx_lens[b], capacity));
-#endif
   const bool windowed = mask_mode != MASK_FULL;
   const int lo = windowed ? max(0, P - window + 1) : 0;
   const int t_lo = lo / N, t_hi = (P + N - 1) / N;
@@ -293,21 +270,21 @@ __device__ __forceinline__ void ws_attention_body(
   const int* trow = table + static_cast<long long>(b) * table_stride;
 
 #endif
-#if !WS_EARLY_INIT
-  WS_INIT_BARRIERS();
-#endif
-#if TRACE && TRACE_BAR  // a probe: when each warp reaches the barrier (into its clock slot)
-  const unsigned long long t_bar = TRACE_TIME();
-#endif
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full + s, 1);  // the producer's arrival (plus the copies' bytes)
+      mbar_init(empty + s, 128 * Q_STAGES);  // every thread of the consumer(s) that read the stage
+    }
+    mbar_init(qbar, 128 * Q_STAGES);
+    mbar_init_fence();
+  }
   __syncthreads();
 #if TRACE  // and when the CTA is past its barriers' set-up
   if (tid == 0) {
     TRACE_AT(12);
     if (t_len) TRACE_PUT(11, t_len);
   }
-#endif
-#if TRACE && TRACE_BAR
-  if (lane == 0) TRACE_PUT(16 + warp, t_bar);
 #endif
 
   if (wg == 0) {  // ---- producer
