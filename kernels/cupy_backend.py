@@ -108,9 +108,6 @@ class Params:
     q_step: bool = False  # ws only: each thread's Q copies addressed by a constant step a row
     # instead of a division by the group a row, so they are issued in ~100 instructions, not
     # ~480, before the CTA's first barrier (warp_specialized.cuh Q_STEP; `ws_knobs_reason`)
-    pdl: bool = False  # ws only: the split combine launched as the attention's programmatic
-    # dependent (cuLaunchKernelEx; in a graph a programmatic edge): it starts while the attention
-    # drains, waiting in griddepcontrol.wait, instead of after it (PDL; `ws_knobs_reason`)
 
     @property
     def tensor_maps(self) -> bool:
@@ -338,15 +335,13 @@ def trim_reason(params: Params, head_dim: int, warps: int, sm: int | None = None
 
 
 def ws_knobs_reason(params: Params) -> str | None:
-    """Why `params.early_ids`, `params.ws_rows`, `params.ws_overlap`, `params.q_step` or
-    `params.pdl` cannot apply (None when they can, or are off): all are the warp-specialised
-    kernel's (ws_overlap on its lean loop)."""
+    """Why `params.early_ids`, `params.ws_rows`, `params.ws_overlap` or `params.q_step` cannot
+    apply (None when they can, or are off): all are the warp-specialised kernel's (ws_overlap on
+    its lean loop)."""
     if params.early_ids and not params.ws:
         return "early_ids=1 is the warp-specialised producer's (ws=2..4)"
     if params.ws_rows and not params.ws:
         return "ws_rows=1 deals rows over the warp-specialised kernel's consumers (ws=2..4)"
-    if params.pdl and not params.ws:
-        return "pdl=1 launches the warp-specialised kernel's split combine early (ws=2..4)"
     if params.q_step and not params.ws:
         return "q_step=1 addresses the warp-specialised kernel's Q copies (ws=2..4)"
     if params.ws_overlap and not params.ws:
@@ -711,7 +706,6 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "ws_rows": [False, True],
         "ws_overlap": [False, True],
         "q_step": [False, True],
-        "pdl": [False, True],
     }
 
 
@@ -777,7 +771,7 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         if reason:
             raise ValueError(reason)
         defines["TRIM"] = 1
-    if any((params.early_ids, params.ws_rows, params.ws_overlap, params.q_step, params.pdl)):  # ws's
+    if params.early_ids or params.ws_rows or params.ws_overlap or params.q_step:  # ws's own knobs
         reason = ws_knobs_reason(params)
         if reason:
             raise ValueError(reason)
@@ -785,8 +779,6 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         defines["EARLY_IDS"] = 1
     if params.q_step:
         defines["Q_STEP"] = 1
-    if params.pdl:
-        defines["PDL"] = 1
     return defines
 
 
@@ -1372,8 +1364,7 @@ class CupyBackend:
             combine = Launch(mod.combine, (combine_ctas(total_rows, p), 1, 1), (128, 1, 1), 0,
                              CombineArgs(batch=dims.batch, qb=dims.block_size,
                                          hq=dims.num_q_heads, hkv=dims.num_kv_heads,
-                                         group=dims.group, splits=splits),
-                             programmatic=getattr(p, "pdl", False))
+                                         group=dims.group, splits=splits))
         plan = AttentionPlan(index, splits, part_elems, lse_elems, attention, combine, maps)
         self._plans[key] = plan
         return plan

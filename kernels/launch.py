@@ -64,15 +64,6 @@ def _driver_launch():
     return fn
 
 
-class EdgeData(ctypes.Structure):
-    """cuda.h's CUgraphEdgeData: a programmatic edge leaves its kernel node's programmatic port
-    (CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC = 1) with type CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
-    (1), what stream capture makes of a programmatic launch."""
-
-    _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte),
-                ("reserved", ctypes.c_ubyte * 5)]
-
-
 class _GraphApi:
     """The graph functions of libcuda, argument types bound."""
 
@@ -91,11 +82,6 @@ class _GraphApi:
         self.launch = bind("cuGraphLaunch", _p, _p)
         self.destroy_exec = bind("cuGraphExecDestroy", _p)
         self.destroy = bind("cuGraphDestroy", _p)
-        try:  # CUDA 12.3+: edges with data (a programmatic edge); None on older drivers
-            self.add_edges = bind("cuGraphAddDependencies_v2", _p, pp, pp, ctypes.POINTER(EdgeData),
-                                  ctypes.c_size_t)
-        except AttributeError:
-            self.add_edges = None
 
 
 @functools.cache
@@ -113,63 +99,17 @@ def _check(err: int, what: str) -> None:
         raise RuntimeError(f"{what} failed: CUresult {err}")
 
 
-class LaunchAttribute(ctypes.Structure):
-    """cuda.h's CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union."""
-
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
-
-
-class LaunchConfig(ctypes.Structure):
-    """cuda.h's CUlaunchConfig (the argument of cuLaunchKernelEx)."""
-
-    _fields_ = [("grid", _u * 3), ("block", _u * 3), ("smem", _u), ("stream", _p),
-                ("attrs", ctypes.POINTER(LaunchAttribute)), ("num_attrs", _u)]
-
-
-# CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: the launch may start before the
-# stream's previous kernel ends, once every CTA of that kernel let it
-# (griddepcontrol.launch_dependents); it waits for that kernel's results with griddepcontrol.wait
-PROGRAMMATIC_STREAM_SERIALIZATION = 6
-
-
-@functools.cache
-def _driver_launch_ex():
-    """libcuda's cuLaunchKernelEx, argument types bound; None where libcuda cannot be loaded."""
-    try:
-        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.POINTER(LaunchConfig), _p, _p, _p]
-    fn.restype = ctypes.c_int
-    return fn
-
-
 class Launch:
     """One kernel launch with its arguments packed once: `args` (a ctypes struct) holds the
     kernel's parameters field by field. Per call only pointer fields change, then one
-    `cuLaunchKernel` on the given stream. `programmatic`: the stream's previous kernel's
-    programmatic dependent (cuLaunchKernelEx; in a graph, a programmatic edge): it may start
-    while that kernel runs and waits for its results itself (the split combine of `pdl=1`)."""
+    `cuLaunchKernel` on the given stream."""
 
-    def __init__(self, func, grid, block, smem, args: ctypes.Structure, programmatic: bool = False):
+    def __init__(self, func, grid, block, smem, args: ctypes.Structure):
         self.func, self.grid, self.block, self.smem, self.args = func, grid, block, smem, args
-        self.programmatic = programmatic
         base = ctypes.addressof(args)
         offsets = [getattr(type(args), f[0]).offset for f in args._fields_]
         # kernelParams: one pointer to each parameter, in the kernel's order
         self._ptrs = (ctypes.c_void_p * len(offsets))(*(base + o for o in offsets))
-        self._ex = _driver_launch_ex() if programmatic else None
-        if programmatic and self._ex is None:
-            raise RuntimeError("a programmatic launch needs libcuda's cuLaunchKernelEx")
-        if self._ex is not None:
-            self._attr = LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
-            # the value union's first int, written in place (reading `.value` gives a copy)
-            value = ctypes.addressof(self._attr) + LaunchAttribute.value.offset
-            ctypes.c_int.from_address(value).value = 1
-            self._config = LaunchConfig((_u * 3)(*grid), (_u * 3)(*block), smem, None,
-                                        ctypes.pointer(self._attr), 1)
-            self._ex_head = (ctypes.byref(self._config), _p(int(func)),
-                             _p(ctypes.addressof(self._ptrs)), None)
         raw = _driver_launch()
         if raw is not None:
             self._raw = raw
@@ -193,12 +133,6 @@ class Launch:
                                 ctypes.addressof(self._ptrs), None, None, None)
 
     def __call__(self, stream: int) -> None:
-        if self._ex is not None:
-            self._config.stream = stream
-            err = self._ex(*self._ex_head)
-            if err:
-                raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {err}")
-            return
         if self._raw is not None:
             err = self._raw(*self._head, stream, self._params, None)
             if err:
@@ -221,18 +155,10 @@ class _Graph:
         self._finalizer = weakref.finalize(self, _destroy, api, graph, exe)
         self._finalizer.atexit = False  # the driver may be gone by then
         handles = []
-        for params, launch in zip(self.nodes, launches):
-            programmatic = launch.programmatic and handles
-            if programmatic and api.add_edges is None:
-                raise RuntimeError("a programmatic edge needs cuGraphAddDependencies_v2 (CUDA 12.3+)")
+        for params in self.nodes:
             node, deps = _p(), (_p * 1)(*handles[-1:])
-            n_deps = 0 if programmatic else len(handles[-1:])
-            _check(api.add_kernel(ctypes.byref(node), graph, deps, n_deps,
+            _check(api.add_kernel(ctypes.byref(node), graph, deps, len(handles[-1:]),
                                   ctypes.byref(params)), "cuGraphAddKernelNode")
-            if programmatic:  # after the node before, through its programmatic port
-                edge = EdgeData(1, 0, 1)
-                _check(api.add_edges(graph, deps, (_p * 1)(node), ctypes.byref(edge), 1),
-                       "cuGraphAddDependencies")
             handles.append(node)
         _check(api.instantiate(ctypes.byref(exe), graph, 0), "cuGraphInstantiate")
         # per call: (exec, node, its params, the packed arguments) for each set, then (exec,

@@ -33,9 +33,7 @@ pytestmark = pytest.mark.gpu
 # a mask branch a score, O rescaled every tile; "early_ids=1" a split's first page ids, Q and
 # the tensor maps fetched before the context length; "ws_overlap=1" a tile's P V under the next
 # tile's S; "q_step=1" Q's copies addressed by a step a row instead of a division, both before
-# the context length (early_ids) and after; "pdl=1" the split combine (a warp a row with
-# "combine=1", a CTA a row otherwise) launched as the attention's programmatic dependent; sm_90a
-# only, rows dealt over CTAs of at most 64),
+# the context length (early_ids) and after; sm_90a only, rows dealt over CTAs of at most 64),
 # "cupy:trim=1" the pipelined wgmma path's tile loop trimmed as ws's lean one (tests/test_trim.py),
 # "cupy:combine=1" merges
 # the splits with a warp a row (every SM; the tests' shapes pack at most 1024 rows a call, where
@@ -50,7 +48,7 @@ BACKENDS = ["cupy", "cupy:wgmma=0", "cupy:overlap=1", "cupy:overlap=2", "cupy:tm
             "cupy:ws=2,early_ids=1", "cupy:ws=3,tile_n=32,stages=9,early_ids=1",
             "cupy:ws=4,early_ids=1", "cupy:ws=2,ws_overlap=1",
             "cupy:ws=3,tile_n=32,early_ids=1,ws_overlap=1", "cupy:ws=3,tile_n=32,stages=9,early_ids=1,q_step=1",
-            "cupy:ws=2,q_step=1,pdl=1,combine=1", "cupy:ws=3,tile_n=32,pdl=1", "cupy:trim=1",
+            "cupy:ws=2,q_step=1", "cupy:trim=1",
             "cupy:combine=1", "cutlass", "cutlass:wgmma=1"]
 
 

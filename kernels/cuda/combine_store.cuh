@@ -99,10 +99,6 @@ extern "C" __global__ void __launch_bounds__(128)
 #if TRACE
   if (threadIdx.x == 0) TRACE_COMBINE_AT(0);
 #endif
-#if PDL  // launched early as the attention's programmatic dependent: its partials are
-  // complete and visible only past this wait
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
   const float lmax = row_lse_max(lse_part, rows, row, num_splits, lane);  // in every warp
 #if TRACE
   if (threadIdx.x == 0) TRACE_COMBINE_AT(8);
@@ -164,10 +160,6 @@ extern "C" __global__ void __launch_bounds__(128)
   if (threadIdx.x == 0) TRACE_COMBINE_AT(0);
 #endif
   if (row >= rows) return;
-#if PDL  // launched early as the attention's programmatic dependent: its partials are
-  // complete and visible only past this wait
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
   const float lmax = row_lse_max(lse_part, rows, row, num_splits, lane);
 #if TRACE
   if (threadIdx.x == 0) TRACE_COMBINE_AT(8);

@@ -326,9 +326,6 @@ constexpr float RESCALE_SLACK = 8.f;
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
     drafter_attention(DRAFTER_KERNEL_PARAMS, const __grid_constant__ TmaMap tma_k,
                       const __grid_constant__ TmaMap tma_v) {
-#if PDL  // every CTA has started: the split combine may launch (it waits for this grid's end)
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
   ws_attention_body(DRAFTER_BODY_ARGS, &tma_k, &tma_v);
 }
 #elif !defined(DRAFTER_LAYOUTS_ONLY)

@@ -32,9 +32,6 @@
 #define TMA_LOADS 0  // drafter_attention.cu, pipelined wgmma path: context tiles by bulk tensor
 // copies (TMA; not `TMA`: CuTe has a namespace of that name)
 #endif
-#ifndef PDL
-#define PDL 0  // the split combine as the ws attention's programmatic dependent (cupy_backend `pdl`)
-#endif
 #ifndef TRACE
 #define TRACE 0  // the ws attention and the combine record when each CTA reaches its steps (trace.cuh)
 #endif
