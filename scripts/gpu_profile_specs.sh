@@ -3,6 +3,8 @@
 # profiles/sm90.db in one device call: only the candidates it lacks for today's kernel sources
 # (so `tuner rekey` the database after a kernel edit first), each spec's variants compiled ahead.
 #   OUT=/some/dir SWEEP_S=300 bash scripts/gpu_profile_specs.sh tuner/specs/sm90-rows.toml ...
+# REFINE="--set q_step=1 --where ws" also measures the shipped table's winners with a knob changed
+# (`tuner refine profiles/sm90.json $REFINE`), after the specs, within the same SWEEP_S.
 # $OUT/sm90.db comes back (one file, journal folded in); then, in a checkout:
 #   cp OUT/sm90.db profiles/sm90.db
 #   tuner export --sm 90 --db profiles/sm90.db --current-sources --out profiles/sm90.json
@@ -12,7 +14,9 @@ db="$OUT/sm90.db"
 cp profiles/sm90.db "$db"
 args=()
 for spec in "$@"; do args+=(--sweep "$spec"); done
-python3 scripts/precompile_gpu_matrix.py --no-tests "${args[@]}" --db "$db" 2>&1 | tail -n 1
+read -ra refine <<< "${REFINE:-}"
+python3 scripts/precompile_gpu_matrix.py --no-tests "${args[@]}" \
+  ${REFINE:+--refine profiles/sm90.json "${refine[@]}"} --db "$db" 2>&1 | tail -n 1
 deadline=$(( SECONDS + ${SWEEP_S:-300} ))
 for spec in "$@"; do
   left=$(( deadline - SECONDS )); (( left < 10 )) && { echo "$spec: no time left"; continue; }
@@ -20,6 +24,12 @@ for spec in "$@"; do
     > "$OUT/$(basename "$spec" .toml).log" 2>&1
   echo "$spec: exit $?, $(tail -n 1 "$OUT/$(basename "$spec" .toml).log")"
 done
+if [ -n "${REFINE:-}" ]; then
+  left=$(( deadline - SECONDS ))
+  timeout -s INT -k 20 "$(( left > 10 ? left : 10 ))" python3 -m drafter_attn.tuner refine \
+    profiles/sm90.json "${refine[@]}" --db "$db" --no-progress > "$OUT/refine.log" 2>&1
+  echo "refine $REFINE: exit $?, $(tail -n 1 "$OUT/refine.log")"
+fi
 python3 - "$db" "$@" <<'PY'
 import sqlite3, sys
 from drafter_attn.kernels.nvrtc import sources_digest

@@ -9,6 +9,8 @@ tables do not compile one module after another (CuTe modules take 15-30 s each).
                                                                # (auto: the runtime's pick per shape)
     python scripts/precompile_gpu_matrix.py --sweep tuner/specs/sm90.toml --no-tests [--db DB]
                                                                # what a tuner sweep of a spec loads
+    python scripts/precompile_gpu_matrix.py --refine profiles/sm90.json --set q_step=1 --where ws \
+        --no-tests [--db DB]                                   # what `tuner refine` measures
                                                                # (into DB: what it still measures)
 """
 import argparse
@@ -91,33 +93,40 @@ def table_jobs(specs, preset, pages, sm, shapes=()):
     return out
 
 
-def sweep_jobs(paths, sm, db=None):
-    """Every variant the candidates of the sweep specs `paths` load: each attention module, and
-    the store's module per layout (a minimal geometry at default parameters, as the step loads it).
-    With `db` (a profile database), only the candidates it holds no row of on today's kernel
-    sources: what a sweep into it still measures."""
+def candidate_jobs(candidates, sm, db=None):
+    """Every variant `candidates` load (each attention module, and the store's module per layout
+    at default parameters, as the step loads it), less those `db` holds a row of on today's
+    kernel sources."""
     from drafter_attn.kernels.nvrtc import sources_digest
     from drafter_attn.tuner.db import ProfileDB
-    from drafter_attn.tuner.spec import load_spec
 
     done = set()
     if db and os.path.exists(db):
         with ProfileDB(db, readonly=True) as profile:
             done = profile.done_candidates(None, sources_hash=sources_digest())
     out = set()
-    for path in paths:
-        for c in load_spec(path).candidates():
-            if c.key() in done:
-                continue
-            backend = registry.get(c.impl)
-            kern = getattr(backend, "family", None)
-            if kern is None:  # the torch reference compiles nothing
-                continue
-            p, g = c.problem, c.problem.geometry
-            out.add(_job(backend.with_params(**c.params_dict), p, sm))
-            d = kern.variant_defines(g.dtype, g.head_dim, p.page_size, 1, 1, kern.Params(), sm)
-            out.add((kern.module, tuple(sorted(d.items())), sm))
+    for c in candidates:
+        if c.key() in done:
+            continue
+        backend = registry.get(c.impl)
+        kern = getattr(backend, "family", None)
+        if kern is None:  # the torch reference compiles nothing
+            continue
+        p, g = c.problem, c.problem.geometry
+        out.add(_job(backend.with_params(**c.params_dict), p, sm))
+        d = kern.variant_defines(g.dtype, g.head_dim, p.page_size, 1, 1, kern.Params(), sm)
+        out.add((kern.module, tuple(sorted(d.items())), sm))
     return out
+
+
+def sweep_jobs(paths, sm, db=None):
+    """Every variant the candidates of the sweep specs `paths` load: each attention module, and
+    the store's module per layout (a minimal geometry at default parameters, as the step loads it).
+    With `db` (a profile database), only the candidates it holds no row of on today's kernel
+    sources: what a sweep into it still measures."""
+    from drafter_attn.tuner.spec import load_spec
+
+    return candidate_jobs([c for path in paths for c in load_spec(path).candidates()], sm, db)
 
 
 def main(argv=None):
@@ -130,7 +139,12 @@ def main(argv=None):
     ap.add_argument("--shapes", default="", help="with --table auto: the BxCTX shapes of the table's --shapes")
     ap.add_argument("--sweep", action="append", default=[], metavar="SPEC",
                     help="also every variant of this sweep spec's candidates (repeatable)")
-    ap.add_argument("--db", help="with --sweep: leave out the candidates this profile database holds")
+    ap.add_argument("--refine", metavar="TABLE", help="also every variant `tuner refine TABLE` "
+                    "measures with --set and --where")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="with --refine")
+    ap.add_argument("--where", action="append", default=[], metavar="NAME", help="with --refine")
+    ap.add_argument("--db", help="with --sweep or --refine: leave out the candidates this profile "
+                    "database holds")
     ap.add_argument("--sm", type=int, help="target (default: this machine's GPU; no GPU needed if given)")
     args = ap.parse_args(argv)
     if args.sm is None:
@@ -146,6 +160,12 @@ def main(argv=None):
         todo |= table_jobs(args.table.split(";"), args.preset, [int(p) for p in args.page.split(",")], sm,
                            shapes(args.shapes))
     todo |= sweep_jobs(args.sweep, sm, args.db)
+    if args.refine:
+        from drafter_attn.kernels.registry import parse_spec
+        from drafter_attn.tuner.refine import refine_candidates
+
+        sets = parse_spec("cupy:" + ",".join(args.set))[1]
+        todo |= candidate_jobs(refine_candidates(args.refine, sets, tuple(args.where))[0], sm, args.db)
     todo = sorted(j for j in todo if j is not None)
     with ProcessPoolExecutor(os.cpu_count()) as pool:
         results = list(pool.map(_compile, todo))

@@ -1,6 +1,8 @@
 """The `tuner` command: sweeps into the profile database, and what it holds.
 
     tuner sweep SPEC [--db PATH]          measure a sweep spec (a TOML file, or "default")
+    tuner refine TABLE --set K=V [--where K]
+                                          a tuned table's winners again with parameters changed
     tuner show [filters] [--format F]     the database's results as a table, CSV or JSON
     tuner compile --sm 90,107 | all       static compile profiles (no GPU needed)
     tuner merge DST SRC [SRC ...]         merge databases (e.g. from several machines)
@@ -57,7 +59,7 @@ def _db_path(args):
 
 
 # ---------------------------------------------------------------------------------------------
-# sweep
+# sweep (and refine: a table's winners with parameters changed)
 
 
 def cmd_sweep(args) -> int:
@@ -86,6 +88,28 @@ def cmd_sweep(args) -> int:
     else:
         devices = [d for d in args.devices.split(",") if d] if args.devices else None
         out = run_sweep(candidates, path, devices=devices, **common)
+    print(f"sweep {out.sweep_id}: {out.summary()}", file=sys.stderr)
+    return 0
+
+
+def cmd_refine(args) -> int:
+    from drafter_attn.kernels.registry import parse_spec
+    from drafter_attn.tuner.refine import refine_candidates
+    from drafter_attn.tuner.sweep import run_sweep
+
+    overrides = parse_spec(f"{args.impl}:{','.join(args.set)}")[1]
+    candidates, skipped = refine_candidates(args.table, overrides, tuple(args.where), args.impl)
+    for line in skipped:
+        print(f"not applicable: {line}", file=sys.stderr)
+    if args.dry_run:
+        for c in candidates:
+            print(c.label())
+        print(f"{len(candidates)} candidates from {args.table}", file=sys.stderr)
+        return 0
+    path = _db_path(args)
+    print(f"refine {args.table} with {overrides}: {len(candidates)} candidates -> {path}", file=sys.stderr)
+    out = run_sweep(candidates, path, timeout_s=args.timeout, options=dict(reps=0, nsys=False),
+                    retry_failed=args.retry_failed, progress=not args.no_progress, name="refine")
     print(f"sweep {out.sweep_id}: {out.summary()}", file=sys.stderr)
     return 0
 
@@ -316,6 +340,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="list the candidates and stop")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("refine", help="measure a tuned table's winners again with parameters changed",
+                       description="Measure every measured winner of a tuned table (JSON, `tuner "
+                       "export`) whose parameters named by --where are set, once more with --set "
+                       "applied, at its own problem and target, into the profile database; `tuner "
+                       "export` then keeps the faster at each key. For an opt-in knob, where the "
+                       "whole grid again would cost a full sweep.", epilog=DB_HELP.format(path=default_path()),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("table", help="tuned table JSON (e.g. profiles/sm90.json)")
+    p.add_argument("--set", action="append", required=True, metavar="NAME=VALUE",
+                   help="a parameter to change (repeatable), e.g. q_step=1")
+    p.add_argument("--where", action="append", default=[], metavar="NAME",
+                   help="only winners with this parameter set (true, non-zero; repeatable), e.g. ws")
+    p.add_argument("--impl", default="cupy", help="the backend whose winners to refine (default cupy)")
+    _add_db(p)
+    p.add_argument("--timeout", type=positive_float, default=300.0, help="seconds per candidate")
+    p.add_argument("--retry-failed", action="store_true", help="measure failed candidates again")
+    p.add_argument("--dry-run", action="store_true", help="list the candidates and stop")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_refine)
 
     p = sub.add_parser("show", help="show results (pandas; table, CSV or JSON)",
                        epilog=DB_HELP.format(path=default_path()),

@@ -1,0 +1,66 @@
+"""`tuner refine`: a tuned table's winners as candidates again, with parameters changed (CPU)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from drafter_attn.tuner import cli
+from drafter_attn.tuner.refine import refine_candidates
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE, DB = ROOT / "profiles" / "sm90.json", ROOT / "profiles" / "sm90.db"
+
+
+def _winners(where=()):
+    entries = json.loads(TABLE.read_text())["entries"]
+    return [e for e in entries if e["impl"] == "cupy" and all(e["params"].get(w) for w in where)]
+
+
+def test_nothing_changed_gives_the_keys_the_winners_were_measured_under():
+    """Resolved from a table entry, a winner's candidate is the one the sweep measured: its key
+    is a row of the shipped database."""
+    cands, skipped = refine_candidates(TABLE, {}, ("ws",))
+    keys = {row[0] for row in sqlite3.connect(f"file:{DB}?mode=ro", uri=True).execute(
+        "SELECT DISTINCT candidate_key FROM results")}
+    assert cands and not skipped
+    assert {c.key() for c in cands} <= keys
+    assert all(c.target == "sm90" and c.preset for c in cands)
+
+
+def test_a_knob_over_the_ws_winners():
+    cands, skipped = refine_candidates(TABLE, {"q_step": True}, ("ws",))
+    assert not skipped
+    assert all(c.params_dict["q_step"] and c.params_dict["ws"] for c in cands)
+    winners = _winners(("ws",))
+    assert len(cands) == len({(e["layout"], e["page_size"], e["batch"], e["ctx_len"], e["num_q_heads"],
+                               e["mask"]) for e in winners})
+    # the rest of each winner's parameters kept
+    by_shape = {(c.problem.layout, c.problem.page_size, c.problem.batch, c.problem.ctx_len,
+                 c.problem.geometry.num_q_heads, c.problem.geometry.mask): c.params_dict for c in cands}
+    for e in winners:
+        p = by_shape[(e["layout"], e["page_size"], e["batch"], e["ctx_len"], e["num_q_heads"], e["mask"])]
+        assert {k: v for k, v in p.items() if k != "q_step"} == \
+            {k: v for k, v in e["params"].items() if k in p and k != "q_step"}
+
+
+def test_winners_a_knob_does_not_apply_to_are_named_and_left_out():
+    cands, skipped = refine_candidates(TABLE, {"q_step": True})
+    assert len(cands) < len(_winners())
+    assert skipped and all("ws=2..4" in line for line in skipped)
+
+
+def test_an_unknown_parameter_is_refused():
+    with pytest.raises(ValueError, match="no_such_knob"):
+        refine_candidates(TABLE, {"no_such_knob": 1}, ("ws",))
+
+
+def test_cli_dry_run_lists_them(capsys):
+    assert cli.main(["refine", str(TABLE), "--set", "q_step=1", "--where", "ws", "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
+    assert lines and all("q_step=True" in ln and "@sm90" in ln for ln in lines)
+    assert f"{len(lines)} candidates" in err

@@ -1,0 +1,71 @@
+"""A new knob measured where it matters: a tuned table's winners again, with parameters changed.
+
+A knob added to a backend (an opt-in define that leaves every other variant's machine code as it
+was) would otherwise need a sweep spec of its own, or the whole grid measured again, before the
+runtime could pick it. `tuner refine TABLE --set q_step=1 --where ws` measures each winner of the
+table that runs the warp-specialised kernel once more with `q_step=1`, at that winner's own
+problem and target, into the profile database; `tuner export` then picks whichever of the two is
+faster at each key. Nothing else of the grid is measured, so a knob that would only win with
+other parameters changed as well is not found this way.
+
+    tuner refine profiles/sm90.json --set q_step=1 --where ws --db profiles/sm90.db
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from drafter_attn.kernels import registry
+from drafter_attn.kernels.presets import PRESETS
+from drafter_attn.kernels.spec import Geometry, Problem
+from drafter_attn.tuner.spec import Candidate
+
+_GEOMETRY = ("num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window",
+             "num_layers", "dtype")
+
+
+def entry_problem(entry: dict) -> Problem:
+    """The problem a tuned table's entry was measured on."""
+    geom = Geometry(**{k: entry[k] for k in _GEOMETRY})
+    return Problem(geom, entry["layout"], entry["page_size"], entry["batch"], entry["ctx_len"])
+
+
+def _preset_of(entry: dict) -> str | None:
+    named = entry.get("provenance", {}).get("preset")
+    if named:
+        return named
+    for name, geom in PRESETS.items():  # the same geometry by another route
+        if all(getattr(geom, k) == entry[k] for k in _GEOMETRY if k != "num_layers"):
+            return name
+    return None
+
+
+def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...] = (),
+                      impl: str = "cupy") -> tuple[list[Candidate], list[str]]:
+    """(candidates, skipped): every measured winner of `table` run by `impl` whose parameters
+    named in `where` are all set (true, non-zero), with `overrides` applied over its own
+    parameters; `skipped` says, a line each, which winners the overrides do not apply to and
+    why. Duplicates (two entries of one key) are measured once."""
+    entries = json.loads(Path(table).read_text())["entries"]
+    backend = registry.get(impl)
+    registry.check_params(backend, overrides)
+    out: dict[str, Candidate] = {}
+    skipped = []
+    for e in entries:
+        if e["impl"] != impl or e.get("provenance", {}).get("kind", "measured") != "measured":
+            continue
+        if not all(e["params"].get(w) for w in where):
+            continue
+        problem, sm = entry_problem(e), e["sm"]
+        known = set(registry.param_schema(backend))
+        wanted = {k: v for k, v in e["params"].items() if k in known}
+        bound = {**wanted, **overrides}
+        why = registry.supports(backend.with_params(**bound), problem, sm)
+        if why:
+            skipped.append(f"{e['layout']} page {e['page_size']} B={e['batch']} ctx={e['ctx_len']}: {why}")
+            continue
+        params = registry.resolve_params(backend, problem, sm, bound)
+        cand = Candidate(problem, impl, tuple(sorted(params.items())), None, _preset_of(e), f"sm{sm}")
+        out.setdefault(cand.key(), cand)
+    return list(out.values()), skipped
