@@ -249,3 +249,21 @@ def test_predict_default_source_and_errors(tmp_path, capsys):
     assert "no measured ok rows of sm80" in capsys.readouterr().err
     assert main(["predict", "--list"]) == 0
     assert "H200" in capsys.readouterr().out
+
+
+def test_diff_a_parameter_added_at_its_default_is_no_flip(tmp_path):
+    """A table exported after a parameter was added to the backend names it in every winner;
+    the older table does not. At the parameter's default that is the same kernel (what `tuner
+    rekey` proves), so no flip; at another value it is one."""
+    a = json.loads(_export(tmp_path, "a", fast_us=10.0).read_text())
+
+    def with_param(name, value):
+        doc = json.loads(json.dumps(a))
+        for e in doc["entries"]:
+            e["params"][name] = value
+        return doc
+
+    assert not any("q_step" in e["params"] for e in a["entries"])
+    assert export.diff_tables(a, with_param("q_step", False))["flips"] == []
+    assert export.diff_tables(with_param("q_step", False), a)["flips"] == []
+    assert len(export.diff_tables(a, with_param("q_step", True))["flips"]) == len(a["entries"])

@@ -150,9 +150,39 @@ def _typed(table: dict) -> list:
     return tuned_table.parse_entries(table["entries"], "tuned table", include_predicted=True)
 
 
+def _param_defaults(impl: str) -> dict:
+    """{parameter: its default} of backend `impl`; {} where it cannot be built here."""
+    from drafter_attn.kernels import registry
+
+    try:
+        return {name: default for name, (_, default, _) in registry.param_schema(registry.get(impl)).items()}
+    except Exception:  # an uninstallable backend: compare its parameters as they are
+        return {}
+
+
+def _same_winner(x, y) -> bool:
+    """One implementation and parameter set. A parameter that only one side names (added to the
+    backend after the other was measured) counts as the same when it is at its default there:
+    that is the code the other side ran (`tuner rekey` carries rows on that proof)."""
+    if x.impl != y.impl:
+        return False
+    px, py = dict(x.params), dict(y.params)
+    defaults = _param_defaults(x.impl) if set(px) ^ set(py) else {}
+    missing = object()
+    for name in set(px) | set(py):
+        vx, vy = px.get(name, missing), py.get(name, missing)
+        if vx is missing or vy is missing:
+            present = vy if vx is missing else vx
+            if name not in defaults or present != defaults[name]:
+                return False
+        elif vx != vy:
+            return False
+    return True
+
+
 def diff_tables(a: dict, b: dict, threshold: float = 0.05) -> dict:
     """What changed from table `a` to table `b` (as `read_table` gives them): winner flips
-    (another implementation or parameter set wins), slowdowns (the winner's step latency per
+    (another implementation or parameter set wins; `_same_winner`), slowdowns (the winner's step latency per
     layer grew by more than `threshold`, a fraction), speedups (shrank by more), entries only in
     one of them."""
     ea = {e.key: e for e in _typed(a)}
@@ -163,7 +193,7 @@ def diff_tables(a: dict, b: dict, threshold: float = 0.05) -> dict:
         change = y.per_layer_us / x.per_layer_us - 1.0
         item = {"key": describe_key(key), "a": _winner(x), "b": _winner(y), "a_us": x.per_layer_us,
                 "b_us": y.per_layer_us, "change": change}
-        if (x.winner.impl, dict(x.winner.params)) != (y.winner.impl, dict(y.winner.params)):
+        if not _same_winner(x.winner, y.winner):
             flips.append(item)
         if change > threshold:
             slowdowns.append(item)
