@@ -62,6 +62,14 @@ def _db_path(args):
 # sweep (and refine: a table's winners with parameters changed)
 
 
+def _list_candidates(candidates, source) -> int:
+    """--dry-run: each candidate's label on stdout, the count on stderr."""
+    for c in candidates:
+        print(c.label())
+    print(f"{len(candidates)} candidates from {source}", file=sys.stderr)
+    return 0
+
+
 def cmd_sweep(args) -> int:
     from drafter_attn.tuner.spec import load_spec
     from drafter_attn.tuner.sweep import SweepError, run_sweep
@@ -69,10 +77,7 @@ def cmd_sweep(args) -> int:
     spec = load_spec(args.spec)
     candidates = spec.candidates()
     if args.dry_run:
-        for c in candidates:
-            print(c.label())
-        print(f"{len(candidates)} candidates from {spec.source}", file=sys.stderr)
-        return 0
+        return _list_candidates(candidates, spec.source)
     path = _db_path(args)
     where = "local GPUs" if args.ray is None else f"Ray cluster {args.ray or '(new, local)'}"
     print(f"sweep {spec.name!r}: {len(candidates)} candidates on {where} -> {path}", file=sys.stderr)
@@ -102,10 +107,7 @@ def cmd_refine(args) -> int:
     for line in skipped:
         print(f"not applicable: {line}", file=sys.stderr)
     if args.dry_run:
-        for c in candidates:
-            print(c.label())
-        print(f"{len(candidates)} candidates from {args.table}", file=sys.stderr)
-        return 0
+        return _list_candidates(candidates, args.table)
     path = _db_path(args)
     print(f"refine {args.table} with {overrides}: {len(candidates)} candidates -> {path}", file=sys.stderr)
     out = run_sweep(candidates, path, timeout_s=args.timeout, options=dict(reps=0, nsys=False),
