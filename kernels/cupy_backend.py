@@ -106,8 +106,8 @@ class Params:
     # its next and run under that tile's softmax, holding two stages (warp_specialized.cuh
     # WS_OVERLAP; `ws_knobs_reason`)
     q_step: bool = False  # ws only: each thread's Q copies addressed by a constant step a row
-    # instead of a division by the group a row, so they are issued in ~100 instructions, not
-    # ~480, before the CTA's first barrier (warp_specialized.cuh Q_STEP; `ws_knobs_reason`)
+    # instead of a division by the group a row: about 200 straight-line instructions a thread
+    # instead of a loop of about 480 (warp_specialized.cuh Q_STEP; `ws_knobs_reason`)
 
     @property
     def tensor_maps(self) -> bool:

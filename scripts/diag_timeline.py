@@ -115,8 +115,9 @@ def figures(attn: np.ndarray, comb: np.ndarray) -> dict:
     f = {"ctas": len(attn), "sms": len(np.unique(attn[:, SM])),
          "entry_max": us(ENTRY).max()}
     for name, col in (("len", LEN), ("q_issued", Q_ISSUED), ("synced", SYNCED), ("ids", IDS),
-                      ("issued", ISSUED), ("q", Q), ("first_tile", FIRST), ("loop", LOOP), ("loop1", LOOP1), ("last_loop", LAST_LOOP),
-                      ("merge_in", MERGE_IN), ("merged", MERGED), ("stored", STORED)):
+                      ("issued", ISSUED), ("q", Q), ("first_tile", FIRST), ("loop", LOOP),
+                      ("loop1", LOOP1), ("last_loop", LAST_LOOP), ("merge_in", MERGE_IN),
+                      ("merged", MERGED), ("stored", STORED)):
         v = us(col)
         if len(v):
             f[name + "_med"], f[name + "_max"] = float(np.median(v)), float(v.max())
@@ -170,8 +171,7 @@ def main(argv=None) -> int:
     empty = floors.empty_graph_us()
     print(f"empty graph {empty:.2f} us ({torch.cuda.get_device_name()})")
     cols = ("whole", "span", "entry_max", "len_med", "q_issued_med", "synced_med", "ids_med", "q_med",
-            "first_tile_med",
-            "first_tile_max", "loop_med", "loop_max", "last_loop_max", "merge_in_med", "merged_med",
+            "first_tile_med", "first_tile_max", "loop_med", "loop_max", "last_loop_max", "merge_in_med", "merged_med",
             "stored_med", "stored_max", "combine_start", "combine_lse_med", "combine_end")
     cycles = ("cyc_first_tile", "cyc_loop", "cyc_epilogue", "cyc_to_merge", "cyc_merge", "cyc_store")
     print("B | ctx | build | CTAs | " + " | ".join(cols) + " | timer step ns | " + " | ".join(cycles))

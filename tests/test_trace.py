@@ -37,7 +37,6 @@ def test_traced_build_has_its_buffers(page):
     assert "drafter_trace" not in plain and "%globaltimer" not in plain
 
 
-
 def test_traced_ws_rows_compiles_without_spills():
     res = cb.compile_variant(_defines("ws=3,ws_rows=1,tile_n=32,stages=6,lean=1,early_ids=1,"
                                       "ws_overlap=1", group=9, TRACE=1), 90)

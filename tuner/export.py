@@ -164,27 +164,19 @@ def _same_winner(x, y) -> bool:
     """One implementation and parameter set. A parameter that only one side names (added to the
     backend after the other was measured) counts as the same when it is at its default there:
     that is the code the other side ran (`tuner rekey` carries rows on that proof)."""
-    if x.impl != y.impl:
-        return False
     px, py = dict(x.params), dict(y.params)
-    defaults = _param_defaults(x.impl) if set(px) ^ set(py) else {}
-    missing = object()
-    for name in set(px) | set(py):
-        vx, vy = px.get(name, missing), py.get(name, missing)
-        if vx is missing or vy is missing:
-            present = vy if vx is missing else vx
-            if name not in defaults or present != defaults[name]:
-                return False
-        elif vx != vy:
-            return False
-    return True
+    if x.impl != y.impl or px == py:
+        return x.impl == y.impl
+    defaults = _param_defaults(x.impl)
+    fill = lambda p: {**{k: defaults[k] for k in (px.keys() | py.keys()) - p.keys() if k in defaults}, **p}  # noqa: E731
+    return fill(px) == fill(py)
 
 
 def diff_tables(a: dict, b: dict, threshold: float = 0.05) -> dict:
     """What changed from table `a` to table `b` (as `read_table` gives them): winner flips
-    (another implementation or parameter set wins; `_same_winner`), slowdowns (the winner's step latency per
-    layer grew by more than `threshold`, a fraction), speedups (shrank by more), entries only in
-    one of them."""
+    (another implementation or parameter set wins; `_same_winner`), slowdowns (the winner's step
+    latency per layer grew by more than `threshold`, a fraction), speedups (shrank by more),
+    entries only in one of them."""
     ea = {e.key: e for e in _typed(a)}
     eb = {e.key: e for e in _typed(b)}
     flips, slowdowns, speedups = [], [], []

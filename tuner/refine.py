@@ -17,28 +17,7 @@ import json
 from pathlib import Path
 
 from drafter_attn.kernels import registry
-from drafter_attn.kernels.presets import PRESETS
-from drafter_attn.kernels.spec import Geometry, Problem
-from drafter_attn.tuner.spec import Candidate
-
-_GEOMETRY = ("num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window",
-             "num_layers", "dtype")
-
-
-def entry_problem(entry: dict) -> Problem:
-    """The problem a tuned table's entry was measured on."""
-    geom = Geometry(**{k: entry[k] for k in _GEOMETRY})
-    return Problem(geom, entry["layout"], entry["page_size"], entry["batch"], entry["ctx_len"])
-
-
-def _preset_of(entry: dict) -> str | None:
-    named = entry.get("provenance", {}).get("preset")
-    if named:
-        return named
-    for name, geom in PRESETS.items():  # the same geometry by another route
-        if all(getattr(geom, k) == entry[k] for k in _GEOMETRY if k != "num_layers"):
-            return name
-    return None
+from drafter_attn.tuner.spec import Candidate, problem_from_key
 
 
 def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...] = (),
@@ -50,6 +29,7 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
     entries = json.loads(Path(table).read_text())["entries"]
     backend = registry.get(impl)
     registry.check_params(backend, overrides)
+    known = set(registry.param_schema(backend))
     out: dict[str, Candidate] = {}
     skipped = []
     for e in entries:
@@ -57,8 +37,7 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
             continue
         if not all(e["params"].get(w) for w in where):
             continue
-        problem, sm = entry_problem(e), e["sm"]
-        known = set(registry.param_schema(backend))
+        problem, sm = problem_from_key(e), e["sm"]  # an entry holds its problem's key fields
         wanted = {k: v for k, v in e["params"].items() if k in known}
         bound = {**wanted, **overrides}
         why = registry.supports(backend.with_params(**bound), problem, sm)
@@ -66,6 +45,7 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
             skipped.append(f"{e['layout']} page {e['page_size']} B={e['batch']} ctx={e['ctx_len']}: {why}")
             continue
         params = registry.resolve_params(backend, problem, sm, bound)
-        cand = Candidate(problem, impl, tuple(sorted(params.items())), None, _preset_of(e), f"sm{sm}")
+        cand = Candidate(problem, impl, tuple(sorted(params.items())), None,
+                         e["provenance"].get("preset"), f"sm{sm}")
         out.setdefault(cand.key(), cand)
     return list(out.values()), skipped
