@@ -8,6 +8,7 @@ reference."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -78,3 +79,87 @@ def test_cta_combine_sums_its_warps_in_shared_memory(head_dim):
         texts[spec] = sp.sass_text(str(res.cubin_path), "drafter_combine")
     assert "BAR.SYNC" in texts["cupy:combine=2"] and "STS" in texts["cupy:combine=2"]
     assert "BAR.SYNC" not in texts["cupy"] and "STS" not in texts["cupy"]
+
+
+def test_one_trip_is_named_only_when_on():
+    """`one_trip` (opt-in, either combine): the COMBINE_ONE_TRIP define, the other variants
+    keeping their defines."""
+    for spec in ("cupy:", "cupy:combine=2,", "cupy:ws=3,tile_n=32,early_ids=1,"):
+        plain = cb.variant_defines("bfloat16", 128, 64, 16, 4, _params(spec.rstrip(":,")), 90)
+        on = cb.variant_defines("bfloat16", 128, 64, 16, 4, _params(f"{spec}one_trip=1"), 90)
+        assert "COMBINE_ONE_TRIP" not in plain and on == {**plain, "COMBINE_ONE_TRIP": 1}
+    assert cb.tunables()["one_trip"] == [False, True]
+
+
+def _combine_sass(spec, head_dim, sm):
+    from drafter_attn.kernels import static_profile as sp
+    from drafter_attn.kernels.nvrtc import compile_cubin
+
+    defines = cb.variant_defines("bfloat16", head_dim, 64, 16, 4, _params(spec, sm=sm), sm)
+    res = compile_cubin(cb.SOURCE, defines, f"sm_{sm}a" if sm >= 90 else f"sm_{sm}",
+                        extra_options=cb.NVRTC_OPTIONS)
+    assert res.resources["drafter_combine"].spill_store_bytes == 0
+    return [ins for _, ins in re.findall(r"/\*([0-9a-f]{4})\*/\s+(.*?);",
+                                         sp.sass_text(str(res.cubin_path), "drafter_combine"))]
+
+
+@pytest.mark.parametrize("combine,chunk", [(1, 16), (2, 8)])
+@pytest.mark.parametrize("head_dim,sm", [(128, 90), (64, 90), (128, 100)])
+def test_one_trip_asks_for_the_partials_before_the_max(combine, chunk, head_dim, sm):
+    """With one_trip the lse value and the first chunk of partial rows (16 a warp a row, 8 a
+    warp of a CTA a row: 16 and 32 splits) are all asked for before the max's first shuffle, and
+    nothing is a call (the plain combine's 64-bit row divisions are); the plain combine asks for
+    its first partial row only after the max."""
+    from drafter_attn.kernels import static_profile as sp
+
+    if sp.cuobjdump_path() is None:
+        pytest.skip("cuobjdump is not installed")
+    width = "128" if head_dim == 128 else "64"  # a lane's PER floats in one load
+    for spec in (f"cupy:combine={combine}", f"cupy:combine={combine},one_trip=1"):
+        ins = _combine_sass(spec, head_dim, sm)
+        first_max = next(i for i, x in enumerate(ins) if x.startswith("SHFL.BFLY") or " SHFL.BFLY" in x)
+        parts_before = sum(f"LDG.E.{width}" in x for x in ins[:first_max])
+        if "one_trip" in spec:
+            assert parts_before == chunk, parts_before
+            assert not any("CALL" in x for x in ins)
+        else:
+            assert parts_before == 0
+            assert any("CALL" in x for x in ins)
+
+
+def test_part16_is_wss_and_needs_the_one_trip_combine():
+    """`part16` (opt-in): the PART16 define on a ws variant with one_trip; refused, with the
+    reason, without ws or without the one-trip combine (the other combines read fp32)."""
+    base = "cupy:ws=3,tile_n=32,early_ids=1,one_trip=1"
+    plain = cb.variant_defines("bfloat16", 128, 64, 16, 4, _params(base), 90)
+    on = cb.variant_defines("bfloat16", 128, 64, 16, 4, _params(f"{base},part16=1"), 90)
+    assert on == {**plain, "PART16": 1}
+    problem = Problem(MAIN, "paged", 64, 1, 8192)
+    assert "ws=2..4" in registry.from_spec("cupy:one_trip=1,part16=1").supports(problem, 90)
+    assert "one_trip=1" in registry.from_spec("cupy:ws=3,part16=1").supports(problem, 90)
+    assert cb.tunables()["part16"] == [False, True]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_part16_halves_the_partials_both_ways(head_dim):
+    """With part16 the ws kernel's end stores its partial rows as 16-bit pairs (32-bit stores,
+    the same as its output's; fp32 pairs are 64-bit stores) and the combine reads a lane's
+    columns in loads half as wide."""
+    from drafter_attn.kernels import static_profile as sp
+    from drafter_attn.kernels.nvrtc import compile_cubin
+
+    if sp.cuobjdump_path() is None:
+        pytest.skip("cuobjdump is not installed")
+    wide = "128" if head_dim == 128 else "64"  # a lane's 4 or 2 fp32 columns (16-bit: 64, 32)
+    for extra in ("", ",part16=1"):
+        p = _params(f"cupy:ws=3,tile_n=32,early_ids=1,combine=2,one_trip=1{extra}", batch=1)
+        res = compile_cubin(cb.SOURCE, cb.variant_defines("bfloat16", head_dim, 64, 16, 4, p, 90),
+                            "sm_90a", extra_options=cb.NVRTC_OPTIONS)
+        assert res.resources["drafter_attention"].spill_store_bytes == 0
+        attention = sp.sass_text(str(res.cubin_path), "drafter_attention")
+        combine = sp.sass_text(str(res.cubin_path), "drafter_combine")
+        assert ("STG.E.64" in attention) == (not extra)
+        loads = re.findall(r"LDG\.E\.(\w+)", combine)
+        assert (wide in loads) == (not extra), loads
+        if head_dim == 128:
+            assert ("64" in loads) == bool(extra), loads

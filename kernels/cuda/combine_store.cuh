@@ -72,10 +72,180 @@ __device__ __forceinline__ void store_row(elem_t* __restrict__ out, const float 
 #ifndef COMBINE_CTA
 #define COMBINE_CTA 0  // 1: the combine below takes a CTA of 4 warps a row (cupy_backend `combine=2`)
 #endif
+#ifndef COMBINE_ONE_TRIP
+#define COMBINE_ONE_TRIP 0  // 1: either combine in one round trip (cupy_backend `one_trip=1`)
+#endif
 
 // Merge the splits of drafter_attention: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max).
 // Partial layout [split][b][kvh][r][D], lse [split][b][kvh][r].
+#ifndef PART16
+#define PART16 0  // 1: the split partials in the output's dtype (ws `part16`, with COMBINE_ONE_TRIP)
+#endif
+#if PART16 && !COMBINE_ONE_TRIP
+#error "PART16: partials in the output's dtype are read by the one-trip combine only"
+#endif
+#if COMBINE_ONE_TRIP
+namespace drafter {
+#if PART16
+template <int N> struct PairsOf;  // N pairs of 16-bit elements in one load
+template <> struct PairsOf<1> { using type = unsigned; };
+template <> struct PairsOf<2> { using type = uint2; };
+__device__ __forceinline__ float2 to_float2(elem2_t h) {
+#if DTYPE_BF16
+  return __bfloat1622float2(h);
+#else
+  return __half22float2(h);
+#endif
+}
+#endif
+
+// The first element of this lane's PER columns of packed row `row` = (b, kvh, r) of out
+// [B, Qb, Hq, D], in 32-bit divisions (the 64-bit ones are calls), made before the loads land.
+template <int PER>
+__device__ __forceinline__ elem_t* out_row(elem_t* out, unsigned row, unsigned M, int qb, int hq,
+                                           unsigned hkv, unsigned group, int lane) {
+  const unsigned r = row % M, bk = row / M;
+  const unsigned kvh = bk % hkv, b = bk / hkv;
+  return out + ((static_cast<long long>(b) * qb + r / group) * hq + kvh * group + r % group) * HEAD_DIM +
+         lane * PER;
+}
+
+// acc and wsum over splits first, first + step, ... of packed row `row`, unnormalised, in
+// this lane's PER columns. The lanes read the lse values side by side (lane s split s) and, in
+// the same round trip, the first CHUNK of this warp's partial rows (splits below 32), whose
+// weights need the max only once they have landed: one trip where the plain combines take two
+// or three (the max, then the partials). Split s's lse for its weight comes from lane s by a
+// shuffle; later chunks read theirs beside their partials. Splits past num_splits weigh 0
+// against zero rows (no branch: a shuffle under a branch costs a divergence check). A row no
+// split saw (every lse -inf) stays zero.
+template <int PER, int CHUNK>
+__device__ __forceinline__ void merge_splits(const float* __restrict__ o_part,
+                                             const float* __restrict__ lse_part, int rows, int row,
+                                             int first, int step, int num_splits, int lane,
+                                             float (&acc)[PER], float& wsum) {
+  using vec_t = typename VecOf<PER>::type;
+  union Part { vec_t v; float f[PER]; };
+  auto part = [&](int s) {
+    Part x;
+    if (s < num_splits) {
+#if PART16  // partials in the output's dtype (ws `part16`): PER of them in one load, widened
+      union { typename PairsOf<PER / 2>::type v; elem2_t h[PER / 2]; } y;
+      y.v = *reinterpret_cast<const typename PairsOf<PER / 2>::type*>(
+          reinterpret_cast<const elem_t*>(o_part) + (static_cast<long long>(s) * rows + row) * HEAD_DIM + lane * PER);
+#pragma unroll
+      for (int e = 0; e < PER / 2; ++e) {
+        const float2 f = to_float2(y.h[e]);
+        x.f[2 * e] = f.x;
+        x.f[2 * e + 1] = f.y;
+      }
+#else
+      x.v = *reinterpret_cast<const vec_t*>(o_part + (static_cast<long long>(s) * rows + row) * HEAD_DIM + lane * PER);
+#endif
+    } else {
+#pragma unroll
+      for (int e = 0; e < PER; ++e) x.f[e] = 0.f;
+    }
+    return x;
+  };
+  auto lse = [&](int s) { return s < num_splits ? lse_part[static_cast<long long>(s) * rows + row] : -INFINITY; };
+  const float lse_l = lse(lane);
+  Part x[CHUNK];
+#pragma unroll
+  for (int c = 0; c < CHUNK; ++c) x[c] = part(first + c * step);
+  float lmax = lse_l;
+#pragma unroll 1
+  for (int s = lane + 32; s < num_splits; s += 32) lmax = fmaxf(lmax, lse(s));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) lmax = fmaxf(lmax, __shfl_xor_sync(0xffffffff, lmax, o));
+#if TRACE
+  if (threadIdx.x == 0) TRACE_COMBINE_AT(8);
+#endif
+  if (lmax == -INFINITY) return;  // warp-uniform
+#pragma unroll
+  for (int c = 0; c < CHUNK; ++c) {  // first + c * step < 32 (the callers' CHUNK and step)
+    const float w = fast_exp2(__shfl_sync(0xffffffff, lse_l, first + c * step) - lmax);
+    wsum += w;
+#pragma unroll
+    for (int e = 0; e < PER; ++e) acc[e] += w * x[c].f[e];
+  }
+#pragma unroll 1
+  for (int s0 = first + CHUNK * step; s0 < num_splits; s0 += CHUNK * step) {  // past 16-32 splits
+    float ls[CHUNK];
+#pragma unroll
+    for (int c = 0; c < CHUNK; ++c) {
+      x[c] = part(s0 + c * step);
+      ls[c] = lse(s0 + c * step);
+    }
+#pragma unroll
+    for (int c = 0; c < CHUNK; ++c) {
+      const float w = fast_exp2(ls[c] - lmax);
+      wsum += w;
+#pragma unroll
+      for (int e = 0; e < PER; ++e) acc[e] += w * x[c].f[e];
+    }
+  }
+}
+
+}  // namespace drafter
+
+// Either combine below (COMBINE_CTA: a CTA of 4 warps a row, the splits dealt over the warps;
+// else a warp a row) with its reads in one round trip (`merge_splits`): the plain combines wait
+// for every lse before they ask for a partial. 16 splits in one trip either way (32 a CTA).
+extern "C" __global__ void __launch_bounds__(128)
+    drafter_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part,
+                    elem_t* __restrict__ out, int batch, int qb, int hq, int hkv,
+                    int group, int num_splits) {
+  using namespace drafter;
+  constexpr int D = HEAD_DIM;
+  constexpr int PER = D / 32;  // floats per lane: 4 (D 128) or 2 (D 64)
+  static_assert(PER == 2 || PER == 4, "combine: head_dim 64 or 128");
+  const int M = qb * group;
+  const int rows = batch * hkv * M;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#if TRACE
+  if (threadIdx.x == 0) TRACE_COMBINE_AT(0);
+#endif
 #if COMBINE_CTA
+  constexpr int WARPS = 4;
+  __shared__ float s_acc[WARPS - 1][D];
+  __shared__ float s_wsum[WARPS - 1];
+  const int row = blockIdx.x;
+#else
+  const int row = blockIdx.x * 4 + warp;
+  if (row >= rows) return;
+#endif
+  elem_t* dst = out_row<PER>(out, row, M, qb, hq, hkv, group, lane);
+  float acc[PER];
+#pragma unroll
+  for (int e = 0; e < PER; ++e) acc[e] = 0.f;
+  float wsum = 0.f;
+#if COMBINE_CTA
+  merge_splits<PER, 8>(o_part, lse_part, rows, row, warp, WARPS, num_splits, lane, acc, wsum);
+  if (warp > 0) {
+#pragma unroll
+    for (int e = 0; e < PER; ++e) s_acc[warp - 1][lane * PER + e] = acc[e];
+    if (lane == 0) s_wsum[warp - 1] = wsum;
+  }
+  __syncthreads();
+  if (warp > 0) return;
+#pragma unroll
+  for (int w = 0; w < WARPS - 1; ++w) {
+    wsum += s_wsum[w];
+#pragma unroll
+    for (int e = 0; e < PER; ++e) acc[e] += s_acc[w][lane * PER + e];
+  }
+#else
+  merge_splits<PER, 16>(o_part, lse_part, rows, row, 0, 1, num_splits, lane, acc, wsum);
+#endif
+  const float inv = wsum > 0.f ? __fdividef(1.f, wsum) : 0.f;
+#pragma unroll
+  for (int e = 0; e < PER; e += 2)
+    *reinterpret_cast<unsigned*>(dst + e) = pack2(acc[e] * inv, acc[e + 1] * inv);
+#if TRACE
+  if (threadIdx.x == 0) TRACE_COMBINE_AT(6);
+#endif
+}
+#elif COMBINE_CTA
 // One CTA of 4 warps per packed row (b, kvh, r), the row's splits dealt over the warps (warp w
 // takes splits w, w + 4, ...), the 4 partial sums added in shared memory. The one-warp-a-row
 // version below runs a B=1 call's 512 rows as 4 warps an SM, each walking all 33 splits: 6.8 us
