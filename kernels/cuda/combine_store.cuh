@@ -190,7 +190,9 @@ __device__ __forceinline__ void merge_splits(const float* __restrict__ o_part,
 
 // Either combine below (COMBINE_CTA: a CTA of 4 warps a row, the splits dealt over the warps;
 // else a warp a row) with its reads in one round trip (`merge_splits`): the plain combines wait
-// for every lse before they ask for a partial. 16 splits in one trip either way (32 a CTA).
+// for every lse before they ask for a partial. A warp holds 4 partial rows in flight (16 splits
+// in one trip a CTA, 4 a warp a row): 44-48 registers, so that 10 CTAs fit an SM. With 16 a
+// warp a row took 128 and B=8's 1024 CTAs ran in two waves (H200, 1.4 us slower).
 extern "C" __global__ void __launch_bounds__(128)
     drafter_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part,
                     elem_t* __restrict__ out, int batch, int qb, int hq, int hkv,
@@ -220,7 +222,7 @@ extern "C" __global__ void __launch_bounds__(128)
   for (int e = 0; e < PER; ++e) acc[e] = 0.f;
   float wsum = 0.f;
 #if COMBINE_CTA
-  merge_splits<PER, 8>(o_part, lse_part, rows, row, warp, WARPS, num_splits, lane, acc, wsum);
+  merge_splits<PER, 4>(o_part, lse_part, rows, row, warp, WARPS, num_splits, lane, acc, wsum);
   if (warp > 0) {
 #pragma unroll
     for (int e = 0; e < PER; ++e) s_acc[warp - 1][lane * PER + e] = acc[e];
@@ -235,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(128)
     for (int e = 0; e < PER; ++e) acc[e] += s_acc[w][lane * PER + e];
   }
 #else
-  merge_splits<PER, 16>(o_part, lse_part, rows, row, 0, 1, num_splits, lane, acc, wsum);
+  merge_splits<PER, 4>(o_part, lse_part, rows, row, 0, 1, num_splits, lane, acc, wsum);
 #endif
   const float inv = wsum > 0.f ? __fdividef(1.f, wsum) : 0.f;
 #pragma unroll
