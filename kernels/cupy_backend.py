@@ -111,9 +111,6 @@ class Params:
     one_trip: bool = False  # the split combine (either `combine`) reads its rows' lse values and
     # their first 16-32 partial rows in one round trip, the weights made once both have landed,
     # and addresses its output in 32-bit divisions (combine_store.cuh COMBINE_ONE_TRIP)
-    part16: bool = False  # ws with one_trip only: the split partials in the output's dtype, half
-    # the bytes the attention's end writes and the combine reads (warp_specialized.cuh PART16;
-    # `ws_knobs_reason`)
 
     @property
     def tensor_maps(self) -> bool:
@@ -341,19 +338,15 @@ def trim_reason(params: Params, head_dim: int, warps: int, sm: int | None = None
 
 
 def ws_knobs_reason(params: Params) -> str | None:
-    """Why `params.early_ids`, `params.ws_rows`, `params.ws_overlap`, `params.q_step` or
-    `params.part16` cannot apply (None when they can, or are off): all are the warp-specialised
-    kernel's (ws_overlap on its lean loop, part16 with the one-trip combine)."""
+    """Why `params.early_ids`, `params.ws_rows`, `params.ws_overlap` or `params.q_step` cannot
+    apply (None when they can, or are off): all are the warp-specialised kernel's (ws_overlap on
+    its lean loop)."""
     if params.early_ids and not params.ws:
         return "early_ids=1 is the warp-specialised producer's (ws=2..4)"
     if params.ws_rows and not params.ws:
         return "ws_rows=1 deals rows over the warp-specialised kernel's consumers (ws=2..4)"
     if params.q_step and not params.ws:
         return "q_step=1 addresses the warp-specialised kernel's Q copies (ws=2..4)"
-    if params.part16 and not params.ws:
-        return "part16=1 writes the warp-specialised kernel's split partials (ws=2..4)"
-    if params.part16 and not params.one_trip:
-        return "part16=1 partials are read by the one-trip combine: it needs one_trip=1"
     if params.ws_overlap and not params.ws:
         return "ws_overlap=1 pipelines the warp-specialised kernel's consumers (ws=2..4)"
     if params.ws_overlap and not params.lean:
@@ -717,7 +710,6 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "ws_overlap": [False, True],
         "q_step": [False, True],
         "one_trip": [False, True],
-        "part16": [False, True],
     }
 
 
@@ -785,7 +777,7 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         if reason:
             raise ValueError(reason)
         defines["TRIM"] = 1
-    if params.early_ids or params.ws_rows or params.ws_overlap or params.q_step or params.part16:  # ws's
+    if params.early_ids or params.ws_rows or params.ws_overlap or params.q_step:  # ws's own knobs
         reason = ws_knobs_reason(params)
         if reason:
             raise ValueError(reason)
@@ -793,8 +785,6 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         defines["EARLY_IDS"] = 1
     if params.q_step:
         defines["Q_STEP"] = 1
-    if params.part16:
-        defines["PART16"] = 1
     return defines
 
 
@@ -1362,8 +1352,6 @@ class CupyBackend:
         rows = dims.block_size * dims.group
         part_elems, lse_elems = partial_elems(dims.batch, dims.num_kv_heads, rows, dims.head_dim,
                                               splits)
-        if getattr(p, "part16", False):  # 16-bit partials: half the float32 elements
-            part_elems = -(-part_elems // 2)
         maps = None
         if getattr(p, "tensor_maps", False):  # cutlass's Params have no TMA variant
             maps = _tma_maps(k_cache, v_cache, dims.page_size, p.tile_n)

@@ -33,8 +33,7 @@ pytestmark = pytest.mark.gpu
 # a mask branch a score, O rescaled every tile; "early_ids=1" a split's first page ids, Q and
 # the tensor maps fetched before the context length; "ws_overlap=1" a tile's P V under the next
 # tile's S; "q_step=1" Q's copies addressed by a step a row instead of a division, both before
-# the context length (early_ids) and after; "part16=1" (with "one_trip=1") the split partials
-# in the output's dtype; sm_90a only, rows dealt over CTAs of at most 64),
+# the context length (early_ids) and after; sm_90a only, rows dealt over CTAs of at most 64),
 # "cupy:trim=1" the pipelined wgmma path's tile loop trimmed as ws's lean one (tests/test_trim.py),
 # "cupy:combine=1" merges
 # the splits with a warp a row (every SM; the tests' shapes pack at most 1024 rows a call, where
@@ -52,7 +51,7 @@ BACKENDS = ["cupy", "cupy:wgmma=0", "cupy:overlap=1", "cupy:overlap=2", "cupy:tm
             "cupy:ws=3,tile_n=32,early_ids=1,ws_overlap=1", "cupy:ws=3,tile_n=32,stages=9,early_ids=1,q_step=1",
             "cupy:ws=2,q_step=1", "cupy:trim=1",
             "cupy:combine=1", "cupy:one_trip=1", "cupy:combine=1,one_trip=1",
-            "cupy:ws=3,tile_n=32,stages=9,early_ids=1,q_step=1,one_trip=1,part16=1",
+            "cupy:ws=3,tile_n=32,stages=9,early_ids=1,q_step=1,one_trip=1",
             "cutlass", "cutlass:wgmma=1"]
 
 
@@ -621,15 +620,15 @@ def _check_forced_splits(spec: str, splits: int, geom: Geometry, ctas_per_split:
 # 128 rows: laguna and GQA 12 are refused, which the matrix checks too); with ws_overlap (each
 # consumer then holds two stages: 2 stages leave the producer none to fill ahead); on 64-key
 # tiles in 3 and 4 stages (half the steps of a consumer's chain a key); laguna's pick with Q's
-# copies stepped (each consumer's rows start mid-group: 48 rows of G=9), and with its partials
-# in the output's dtype (each consumer writes its own rows' 16-bit partials).
+# copies stepped (each consumer's rows start mid-group: 48 rows of G=9), and with the one-trip
+# combine (laguna's 1152+ rows a call merge a warp a row).
 WS_ROWS_SPECS = ["cupy:ws=3,ws_rows=1", "cupy:ws=3,ws_rows=1,stages=9,early_ids=1",
                  "cupy:ws=2,ws_rows=1", "cupy:ws=3,ws_rows=1,early_ids=1,ws_overlap=1",
                  "cupy:ws=3,ws_rows=1,stages=2,ws_overlap=1",
                  "cupy:ws=3,ws_rows=1,tile_n=64,stages=4,early_ids=1,ws_overlap=1",
                  "cupy:ws=3,ws_rows=1,tile_n=64,stages=3,early_ids=1",
                  "cupy:ws=3,ws_rows=1,early_ids=1,ws_overlap=1,q_step=1",
-                 "cupy:ws=3,ws_rows=1,early_ids=1,ws_overlap=1,q_step=1,one_trip=1,part16=1"]
+                 "cupy:ws=3,ws_rows=1,early_ids=1,ws_overlap=1,q_step=1,one_trip=1"]
 
 
 def _ws_rows_cases():

@@ -78,26 +78,8 @@ __device__ __forceinline__ void store_row(elem_t* __restrict__ out, const float 
 
 // Merge the splits of drafter_attention: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max).
 // Partial layout [split][b][kvh][r][D], lse [split][b][kvh][r].
-#ifndef PART16
-#define PART16 0  // 1: the split partials in the output's dtype (ws `part16`, with COMBINE_ONE_TRIP)
-#endif
-#if PART16 && !COMBINE_ONE_TRIP
-#error "PART16: partials in the output's dtype are read by the one-trip combine only"
-#endif
 #if COMBINE_ONE_TRIP
 namespace drafter {
-#if PART16
-template <int N> struct PairsOf;  // N pairs of 16-bit elements in one load
-template <> struct PairsOf<1> { using type = unsigned; };
-template <> struct PairsOf<2> { using type = uint2; };
-__device__ __forceinline__ float2 to_float2(elem2_t h) {
-#if DTYPE_BF16
-  return __bfloat1622float2(h);
-#else
-  return __half22float2(h);
-#endif
-}
-#endif
 
 // The first element of this lane's PER columns of packed row `row` = (b, kvh, r) of out
 // [B, Qb, Hq, D], in 32-bit divisions (the 64-bit ones are calls), made before the loads land.
@@ -128,19 +110,7 @@ __device__ __forceinline__ void merge_splits(const float* __restrict__ o_part,
   auto part = [&](int s) {
     Part x;
     if (s < num_splits) {
-#if PART16  // partials in the output's dtype (ws `part16`): PER of them in one load, widened
-      union { typename PairsOf<PER / 2>::type v; elem2_t h[PER / 2]; } y;
-      y.v = *reinterpret_cast<const typename PairsOf<PER / 2>::type*>(
-          reinterpret_cast<const elem_t*>(o_part) + (static_cast<long long>(s) * rows + row) * HEAD_DIM + lane * PER);
-#pragma unroll
-      for (int e = 0; e < PER / 2; ++e) {
-        const float2 f = to_float2(y.h[e]);
-        x.f[2 * e] = f.x;
-        x.f[2 * e + 1] = f.y;
-      }
-#else
       x.v = *reinterpret_cast<const vec_t*>(o_part + (static_cast<long long>(s) * rows + row) * HEAD_DIM + lane * PER);
-#endif
     } else {
 #pragma unroll
       for (int e = 0; e < PER; ++e) x.f[e] = 0.f;

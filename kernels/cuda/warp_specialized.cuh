@@ -719,19 +719,11 @@ __device__ __forceinline__ void ws_attention_body(
         *reinterpret_cast<unsigned*>(dst + d * 8 + 2 * t4) =
             pack2(o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
     } else {
-#if PART16  // the partial in the output's dtype: half the bytes written here and read by the combine
-      elem_t* dst = reinterpret_cast<elem_t*>(o_part) + (row_base + r) * D;
-#pragma unroll
-      for (int d = 0; d < DTILES; ++d)
-        *reinterpret_cast<unsigned*>(dst + d * 8 + 2 * t4) =
-            pack2(o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
-#else
       float* dst = o_part + (row_base + r) * D;
 #pragma unroll
       for (int d = 0; d < DTILES; ++d)
         *reinterpret_cast<float2*>(dst + d * 8 + 2 * t4) =
             make_float2(o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
-#endif
       if (t4 == 0) {
         const float l = half ? l1 : l0, m = half ? m1 : m0;
         lse_part[row_base + r] = l > 0.f ? m + log2f(l) : -INFINITY;
