@@ -3,7 +3,8 @@
 # profiles/sm90.db in one device call: only the candidates it lacks for today's kernel sources
 # (so `tuner rekey` the database after a kernel edit first), each spec's variants compiled ahead.
 #   OUT=/some/dir SWEEP_S=300 bash scripts/gpu_profile_specs.sh tuner/specs/sm90-rows.toml ...
-# REFINE="--set q_step=1 --where ws" also measures the shipped table's winners with a knob changed
+# REFINE="--set q_step=1 --where ws" (or "--set one_trip=1 --max-batch 8") also measures the
+# shipped table's winners with a knob changed
 # (`tuner refine profiles/sm90.json $REFINE`), after the specs, within the same SWEEP_S.
 # $OUT/sm90.db comes back (one file, journal folded in); then, in a checkout:
 #   cp OUT/sm90.db profiles/sm90.db

@@ -10,7 +10,7 @@ tables do not compile one module after another (CuTe modules take 15-30 s each).
     python scripts/precompile_gpu_matrix.py --sweep tuner/specs/sm90.toml --no-tests [--db DB]
                                                                # what a tuner sweep of a spec loads
     python scripts/precompile_gpu_matrix.py --refine profiles/sm90.json --set q_step=1 --where ws \
-        --no-tests [--db DB]                                   # what `tuner refine` measures
+        [--max-batch N] --no-tests [--db DB]                   # what `tuner refine` measures
                                                                # (into DB: what it still measures)
 """
 import argparse
@@ -143,6 +143,7 @@ def main(argv=None):
                     "measures with --set and --where")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="with --refine")
     ap.add_argument("--where", action="append", default=[], metavar="NAME", help="with --refine")
+    ap.add_argument("--max-batch", type=int, metavar="N", help="with --refine")
     ap.add_argument("--db", help="with --sweep or --refine: leave out the candidates this profile "
                     "database holds")
     ap.add_argument("--sm", type=int, help="target (default: this machine's GPU; no GPU needed if given)")
@@ -165,7 +166,8 @@ def main(argv=None):
         from drafter_attn.tuner.refine import refine_candidates
 
         sets = parse_spec("cupy:" + ",".join(args.set))[1]
-        todo |= candidate_jobs(refine_candidates(args.refine, sets, tuple(args.where))[0], sm, args.db)
+        found = refine_candidates(args.refine, sets, tuple(args.where), max_batch=args.max_batch)[0]
+        todo |= candidate_jobs(found, sm, args.db)
     todo = sorted(j for j in todo if j is not None)
     with ProcessPoolExecutor(os.cpu_count()) as pool:
         results = list(pool.map(_compile, todo))

@@ -43,8 +43,8 @@ def test_a_knob_over_the_ws_winners():
                  c.problem.geometry.num_q_heads, c.problem.geometry.mask): c.params_dict for c in cands}
     for e in winners:
         p = by_shape[(e["layout"], e["page_size"], e["batch"], e["ctx_len"], e["num_q_heads"], e["mask"])]
-        assert {k: v for k, v in p.items() if k != "q_step"} == \
-            {k: v for k, v in e["params"].items() if k in p and k != "q_step"}
+        named = [k for k in e["params"] if k in p and k != "q_step"]  # (a later knob: its default)
+        assert {k: p[k] for k in named} == {k: e["params"][k] for k in named}
 
 
 def test_winners_a_knob_does_not_apply_to_are_named_and_left_out():
@@ -64,3 +64,15 @@ def test_cli_dry_run_lists_them(capsys):
     lines = out.strip().splitlines()
     assert lines and all("q_step=True" in ln and "@sm90" in ln for ln in lines)
     assert f"{len(lines)} candidates" in err
+
+
+def test_max_batch_keeps_the_small_batches():
+    """`--max-batch` (a knob of the split combine, whose calls split at small batch): only the
+    winners of at most that many requests, every one of them where the knob applies."""
+    cands, skipped = refine_candidates(TABLE, {"one_trip": True}, max_batch=8)
+    assert not skipped
+    assert cands and all(c.problem.batch <= 8 and c.params_dict["one_trip"] for c in cands)
+    small = {(e["layout"], e["page_size"], e["batch"], e["ctx_len"], e["num_q_heads"], e["mask"])
+             for e in _winners() if e["batch"] <= 8}
+    assert len(cands) == len(small) < len(_winners())
+    assert cli.main(["refine", str(TABLE), "--set", "one_trip=1", "--max-batch", "8", "--dry-run"]) == 0

@@ -1,7 +1,7 @@
 """The `tuner` command: sweeps into the profile database, and what it holds.
 
     tuner sweep SPEC [--db PATH]          measure a sweep spec (a TOML file, or "default")
-    tuner refine TABLE --set K=V [--where K]
+    tuner refine TABLE --set K=V [--where K] [--max-batch N]
                                           a tuned table's winners again with parameters changed
     tuner show [filters] [--format F]     the database's results as a table, CSV or JSON
     tuner compile --sm 90,107 | all       static compile profiles (no GPU needed)
@@ -103,7 +103,8 @@ def cmd_refine(args) -> int:
     from drafter_attn.tuner.sweep import run_sweep
 
     overrides = parse_spec(f"{args.impl}:{','.join(args.set)}")[1]
-    candidates, skipped = refine_candidates(args.table, overrides, tuple(args.where), args.impl)
+    candidates, skipped = refine_candidates(args.table, overrides, tuple(args.where), args.impl,
+                                            args.max_batch)
     for line in skipped:
         print(f"not applicable: {line}", file=sys.stderr)
     if args.dry_run:
@@ -355,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a parameter to change (repeatable), e.g. q_step=1")
     p.add_argument("--where", action="append", default=[], metavar="NAME",
                    help="only winners with this parameter set (true, non-zero; repeatable), e.g. ws")
+    p.add_argument("--max-batch", type=positive_int, metavar="N",
+                   help="only winners of at most N requests (a knob of the split combine matters "
+                   "where calls split: the small batches)")
     p.add_argument("--impl", default="cupy", help="the backend whose winners to refine (default cupy)")
     _add_db(p)
     p.add_argument("--timeout", type=positive_float, default=300.0, help="seconds per candidate")

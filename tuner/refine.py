@@ -9,6 +9,7 @@ faster at each key. Nothing else of the grid is measured, so a knob that would o
 other parameters changed as well is not found this way.
 
     tuner refine profiles/sm90.json --set q_step=1 --where ws --db profiles/sm90.db
+    tuner refine profiles/sm90.json --set one_trip=1 --max-batch 8 --db profiles/sm90.db
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ from drafter_attn.tuner.spec import Candidate, problem_from_key
 
 
 def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...] = (),
-                      impl: str = "cupy") -> tuple[list[Candidate], list[str]]:
+                      impl: str = "cupy", max_batch: int | None = None) -> tuple[list[Candidate], list[str]]:
     """(candidates, skipped): every measured winner of `table` run by `impl` whose parameters
-    named in `where` are all set (true, non-zero), with `overrides` applied over its own
-    parameters; `skipped` says, a line each, which winners the overrides do not apply to and
-    why. Duplicates (two entries of one key) are measured once."""
+    named in `where` are all set (true, non-zero), and of at most `max_batch` requests where
+    given, with `overrides` applied over its own parameters; `skipped` says, a line each, which
+    winners the overrides do not apply to and why. Duplicates (two entries of one key) are
+    measured once. (`max_batch` keeps a knob of the split combine, `one_trip`, to the batches
+    whose calls split: the split model gives the large ones one split, and there the knob
+    changes nothing that runs.)"""
     entries = json.loads(Path(table).read_text())["entries"]
     backend = registry.get(impl)
     registry.check_params(backend, overrides)
@@ -36,6 +40,8 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
         if e["impl"] != impl or e.get("provenance", {}).get("kind", "measured") != "measured":
             continue
         if not all(e["params"].get(w) for w in where):
+            continue
+        if max_batch is not None and e["batch"] > max_batch:
             continue
         problem, sm = problem_from_key(e), e["sm"]  # an entry holds its problem's key fields
         wanted = {k: v for k, v in e["params"].items() if k in known}
