@@ -16,10 +16,10 @@ source "$(dirname "$0")/gpu_env.sh"
 : "${KNOB:?KNOB=name=value, e.g. q_step=1}"
 TOTAL=${TOTAL:-420}
 budgeted_run gpu_knob_ab
-CASES=${CASES:-"qwen3-8b-dflash-b16 1x2k combine=2,early_ids=1,lean=1,q_step=1,stages=9,tile_n=32,ws=3
-qwen3-8b-dflash-b16 1x8k combine=2,lean=1,stages=9,tile_n=32,ws=3
-qwen3-8b-dflash-b16 1x32k combine=2,early_ids=1,lean=1,q_step=1,stages=6,tile_n=32,ws=3
-qwen3-8b-dflash-b16 8x8k early_ids=1,lean=1,stages=6,tile_n=32,ws=3
+CASES=${CASES:-"qwen3-8b-dflash-b16 1x2k combine=2,early_ids=1,lean=1,one_trip=1,q_step=1,stages=9,tile_n=32,ws=3
+qwen3-8b-dflash-b16 1x8k combine=2,lean=1,one_trip=1,stages=9,tile_n=32,ws=3
+qwen3-8b-dflash-b16 1x32k combine=2,early_ids=1,lean=1,one_trip=1,q_step=1,stages=6,tile_n=32,ws=3
+qwen3-8b-dflash-b16 8x8k combine=1,early_ids=1,lean=1,one_trip=1,stages=6,tile_n=32,ws=3
 laguna-dflash 32x8k early_ids=1,lean=1,stages=6,tile_n=32,ws=3,ws_overlap=1,ws_rows=1"}
 TESTS=${TESTS:-tests/test_trace.py}
 echo "knob $KNOB${KNOB2:+, knob2 $KNOB2}" >> "$OUT/summary.txt"

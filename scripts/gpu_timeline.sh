@@ -16,12 +16,12 @@ source "$(dirname "$0")/gpu_env.sh"
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
   git log -1 --format='commit %h %s' 2>/dev/null
 } > "$OUT/summary.txt"
-# The shipped table's picks on the H200 (results/sm90-2026-12-04/session23/final/), named
+# The shipped table's picks on the H200 (results/sm90-2026-12-04/session24/final/), named
 # outright: until a kernel-source edit is re-keyed the table misses and `auto` takes the defaults
-CASES=${CASES:-"1x2k combine=2,early_ids=1,lean=1,q_step=1,stages=9,tile_n=32,ws=3
-1x8k combine=2,lean=1,stages=9,tile_n=32,ws=3
-1x32k combine=2,early_ids=1,lean=1,q_step=1,stages=6,tile_n=32,ws=3
-8x8k early_ids=1,lean=1,stages=6,tile_n=32,ws=3"}
+CASES=${CASES:-"1x2k combine=2,early_ids=1,lean=1,one_trip=1,q_step=1,stages=9,tile_n=32,ws=3
+1x8k combine=2,lean=1,one_trip=1,stages=9,tile_n=32,ws=3
+1x32k combine=2,early_ids=1,lean=1,one_trip=1,q_step=1,stages=6,tile_n=32,ws=3
+8x8k combine=1,early_ids=1,lean=1,one_trip=1,stages=6,tile_n=32,ws=3"}
 PROBES=${PROBES-}
 LAGUNA=${LAGUNA:-"8x8k,32x8k early_ids=1,lean=1,stages=6,tile_n=32,ws=3,ws_overlap=1,ws_rows=1"}
 TESTS=${TESTS:-tests/test_trace.py tests/test_launch.py tests/test_ops.py}
