@@ -67,6 +67,27 @@ __device__ __forceinline__ void store_row(elem_t* __restrict__ out, const float 
     *reinterpret_cast<unsigned*>(dst + e) = pack2(acc[e] * inv, acc[e + 1] * inv);
 }
 
+// acc and wsum of a CTA's OTHERS + 1 warps (one row's splits dealt over them), added in shared
+// memory: true in warp 0, which then holds the row's sums; the other warps are done.
+template <int OTHERS, int D, int PER>
+__device__ __forceinline__ bool sum_over_warps(float (&s_acc)[OTHERS][D], float (&s_wsum)[OTHERS],
+                                               float (&acc)[PER], float& wsum, int warp, int lane) {
+  if (warp > 0) {
+#pragma unroll
+    for (int e = 0; e < PER; ++e) s_acc[warp - 1][lane * PER + e] = acc[e];
+    if (lane == 0) s_wsum[warp - 1] = wsum;
+  }
+  __syncthreads();
+  if (warp > 0) return false;
+#pragma unroll
+  for (int w = 0; w < OTHERS; ++w) {
+    wsum += s_wsum[w];
+#pragma unroll
+    for (int e = 0; e < PER; ++e) acc[e] += s_acc[w][lane * PER + e];
+  }
+  return true;
+}
+
 }  // namespace drafter
 
 #ifndef COMBINE_CTA
@@ -193,19 +214,7 @@ extern "C" __global__ void __launch_bounds__(128)
   float wsum = 0.f;
 #if COMBINE_CTA
   merge_splits<PER, 4>(o_part, lse_part, rows, row, warp, WARPS, num_splits, lane, acc, wsum);
-  if (warp > 0) {
-#pragma unroll
-    for (int e = 0; e < PER; ++e) s_acc[warp - 1][lane * PER + e] = acc[e];
-    if (lane == 0) s_wsum[warp - 1] = wsum;
-  }
-  __syncthreads();
-  if (warp > 0) return;
-#pragma unroll
-  for (int w = 0; w < WARPS - 1; ++w) {
-    wsum += s_wsum[w];
-#pragma unroll
-    for (int e = 0; e < PER; ++e) acc[e] += s_acc[w][lane * PER + e];
-  }
+  if (!sum_over_warps(s_acc, s_wsum, acc, wsum, warp, lane)) return;
 #else
   merge_splits<PER, 4>(o_part, lse_part, rows, row, 0, 1, num_splits, lane, acc, wsum);
 #endif
@@ -260,19 +269,7 @@ extern "C" __global__ void __launch_bounds__(128)
       for (int e = 0; e < PER; ++e) acc[e] += w * x.f[e];
     }
   }
-  if (warp > 0) {
-#pragma unroll
-    for (int e = 0; e < PER; ++e) s_acc[warp - 1][lane * PER + e] = acc[e];
-    if (lane == 0) s_wsum[warp - 1] = wsum;
-  }
-  __syncthreads();
-  if (warp > 0) return;
-#pragma unroll
-  for (int w = 0; w < WARPS - 1; ++w) {
-    wsum += s_wsum[w];
-#pragma unroll
-    for (int e = 0; e < PER; ++e) acc[e] += s_acc[w][lane * PER + e];
-  }
+  if (!sum_over_warps(s_acc, s_wsum, acc, wsum, warp, lane)) return;
   store_row(out, acc, wsum, row, M, qb, hq, hkv, group, lane);
 #if TRACE
   if (threadIdx.x == 0) TRACE_COMBINE_AT(6);
