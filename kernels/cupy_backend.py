@@ -109,8 +109,9 @@ class Params:
     # instead of a division by the group a row: about 200 straight-line instructions a thread
     # instead of a loop of about 480 (warp_specialized.cuh Q_STEP; `ws_knobs_reason`)
     one_trip: bool = False  # the split combine (either `combine`) reads its rows' lse values and
-    # their first 16-32 partial rows in one round trip, the weights made once both have landed,
-    # and addresses its output in 32-bit divisions (combine_store.cuh COMBINE_ONE_TRIP)
+    # each warp's first 4 partial rows in one round trip (16 splits a CTA a row, 4 a warp a row;
+    # then 4 a trip), the weights made once both have landed, and addresses its output in 32-bit
+    # divisions (combine_store.cuh COMBINE_ONE_TRIP)
 
     @property
     def tensor_maps(self) -> bool:

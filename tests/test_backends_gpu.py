@@ -38,7 +38,8 @@ pytestmark = pytest.mark.gpu
 # "cupy:combine=1" merges
 # the splits with a warp a row (every SM; the tests' shapes pack at most 1024 rows a call, where
 # "cupy" merges a CTA a row), "one_trip=1" either combine with its lse values and first partials
-# read in one round trip (the forced split counts' 40 take a second); "cutlass" is the CuTe
+# read in one round trip (16 splits a CTA a row, 4 a warp a row, then 4 a trip: the forced split
+# counts' 40 take several); "cutlass" is the CuTe
 # port of the same algorithm (mma.sync), "cutlass:wgmma=1" its warpgroup-MMA path on sm_90 where
 # the shape allows. `cupy:wgmma=1` on CTAs that are not whole warpgroups (laguna's 9 warps padded
 # to 3 warpgroups) is checked by the test_padded_wgmma_* tests at the end of this file.

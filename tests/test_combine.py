@@ -112,8 +112,9 @@ def test_one_trip_asks_for_the_partials_before_the_max(combine, head_dim, sm):
     64-bit row divisions are); the plain combine asks for its first partial row only after the
     max. The one-trip combine stays under 64 registers, so that 8 of its CTAs fit an SM: B=8's
     1024 CTAs (a warp a row) in one wave."""
-    chunk = 4
     from drafter_attn.kernels import static_profile as sp
+
+    chunk = 4  # combine_store.cuh's merge_splits<PER, 4>
 
     if sp.cuobjdump_path() is None:
         pytest.skip("cuobjdump is not installed")
