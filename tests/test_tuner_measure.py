@@ -10,7 +10,7 @@ from drafter_attn.kernels.spec import Geometry, Problem
 from drafter_attn.tuner import measure
 from drafter_attn.tuner.spec import Candidate
 from drafter_attn.tuner.step import CorrectnessError
-from drafter_attn.tuner.timing import summarize
+from drafter_attn.tuner.timing import steady, summarize
 
 
 def test_summary_statistics():
@@ -24,6 +24,35 @@ def test_summary_statistics():
     assert summarize([3.0, 1.0, 2.0]).median_us == 2.0  # order does not matter
     with pytest.raises(ValueError):
         summarize([])
+
+
+def test_steady_times_again_only_when_disturbed():
+    calls = []
+
+    def timings(*medians_and_spreads):
+        it = iter(medians_and_spreads)
+
+        def once():
+            median, p90 = next(it)
+            calls.append(median)
+            return summarize([median * 0.99] * 10 + [median] * 70 + [p90] * 20)
+        return once
+
+    # a steady first timing is the only one
+    calls.clear()
+    assert steady(timings((14.0, 14.5))).median_us == 14.0 and calls == [14.0]
+    # a disturbed one (p90 twice p10) is timed again; the lowest median is kept
+    calls.clear()
+    t = steady(timings((20.5, 30.0), (14.1, 14.5), (99.0, 99.0)))
+    assert t.median_us == 14.1 and calls == [20.5, 14.1]
+    # at most `retries` more, keeping the lowest even when all are disturbed
+    calls.clear()
+    t = steady(timings((20.0, 40.0), (18.0, 40.0), (25.0, 50.0), (1.0, 1.0)), retries=2)
+    assert t.median_us == 18.0 and calls == [20.0, 18.0, 25.0]
+    # a later timing that is slower never replaces a faster, disturbed one
+    calls.clear()
+    assert steady(timings((15.0, 30.0), (16.0, 16.5), (1.0, 1.0))).median_us == 15.0
+    assert calls == [15.0, 16.0]  # and a steady retry ends the retries
 
 
 def test_choose_reps():

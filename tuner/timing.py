@@ -8,6 +8,9 @@ then replayed `reps` times. Before each replay a buffer twice the L2 size is ove
 the timed region (by reading it, so the L2 holds no dirty lines), so every replay reads its inputs
 from HBM as a serving step would (the drafter layer's K/V was evicted by the target model's
 forward in between).
+
+A graph timing whose replays spread wide was disturbed (`steady`): it is timed again, at most
+`RETRIES` times, and the lowest median is kept.
 """
 
 from __future__ import annotations
@@ -45,6 +48,32 @@ def summarize(samples_us: list[float]) -> Timing:
     return Timing(statistics.median(s), p10, p90, statistics.fmean(s), s[0], len(s))
 
 
+# A timing whose p90 lies more than this fraction above its p10 was disturbed. On the H200 a few
+# rounds of a run now and then take some replays twice as long (2026-12-04, one B=1 ctx 2k call:
+# p10 14.0 / median 20.5 / p90 30.0 us in one round, 13.9 / 14.1 / 14.5 in the round before; the
+# host's enqueue is not the cause: timed behind a GPU-side sleep that queues every replay first,
+# the figures are the same, results/sm90-2026-12-04/session25/lead/). A steady call's replays lie
+# within a few percent of each other (the same call: 13.9-14.5 us).
+NOISY_SPREAD = 0.25
+# Timings after a disturbed one, at most. Disturbances only ever add time, so the lowest median is
+# the estimate of the undisturbed call, as for the read floor (tuner.floors).
+RETRIES = 2
+
+
+def steady(time_once, retries: int = RETRIES, spread: float = NOISY_SPREAD) -> Timing:
+    """`time_once()` (a Timing), again while the last one's p90 is more than `spread` above its
+    p10, at most `retries` times more; of those, the timing of the lowest median. A steady first
+    timing is the only one."""
+    best = last = time_once()
+    for _ in range(retries):
+        if last.p90_us <= last.p10_us * (1 + spread):
+            break
+        last = time_once()
+        if last.median_us < best.median_us:
+            best = last
+    return best
+
+
 @functools.cache
 def _flush_buffer(device_index: int) -> torch.Tensor:
     l2 = torch.cuda.get_device_properties(device_index).L2_cache_size or (64 << 20)
@@ -75,10 +104,11 @@ def capture(fn, warmup: int = 2) -> torch.cuda.CUDAGraph:
 
 def time_graph(graph: torch.cuda.CUDAGraph, reps: int = 100, warmup: int = 10,
                cold_l2: bool = True) -> Timing:
-    """Replay a captured graph `reps` times; each replay timed alone with CUDA events."""
+    """Replay a captured graph `reps` times; each replay timed alone with CUDA events (`steady`:
+    timed again where the replays spread wide)."""
     for _ in range(warmup):
         graph.replay()
-    return _each_timed(graph.replay, reps, cold_l2)
+    return steady(lambda: _each_timed(graph.replay, reps, cold_l2))
 
 
 def time_eager(fn, reps: int = 100, warmup: int = 3, cold_l2: bool = True) -> Timing:
