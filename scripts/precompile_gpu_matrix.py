@@ -10,7 +10,7 @@ tables do not compile one module after another (CuTe modules take 15-30 s each).
     python scripts/precompile_gpu_matrix.py --sweep tuner/specs/sm90.toml --no-tests [--db DB]
                                                                # what a tuner sweep of a spec loads
     python scripts/precompile_gpu_matrix.py --refine profiles/sm90.json --set q_step=1 --where ws \
-        [--max-batch N] --no-tests [--db DB]                   # what `tuner refine` measures
+        [--max-batch N] [--with-winners] --no-tests [--db DB]  # what `tuner refine` measures
                                                                # (into DB: what it still measures)
 """
 import argparse
@@ -144,6 +144,8 @@ def main(argv=None):
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="with --refine")
     ap.add_argument("--where", action="append", default=[], metavar="NAME", help="with --refine")
     ap.add_argument("--max-batch", type=int, metavar="N", help="with --refine")
+    ap.add_argument("--with-winners", action="store_true", help="with --refine: the winners too "
+                    "(`tuner refine --with-winners` measures them again, so --db leaves none out)")
     ap.add_argument("--db", help="with --sweep or --refine: leave out the candidates this profile "
                     "database holds")
     ap.add_argument("--sm", type=int, help="target (default: this machine's GPU; no GPU needed if given)")
@@ -168,6 +170,9 @@ def main(argv=None):
         sets = parse_spec("cupy:" + ",".join(args.set))[1]
         found = refine_candidates(args.refine, sets, tuple(args.where), max_batch=args.max_batch)[0]
         todo |= candidate_jobs(found, sm, args.db)
+        if args.with_winners:
+            won = refine_candidates(args.refine, {}, tuple(args.where), max_batch=args.max_batch)[0]
+            todo |= candidate_jobs(won, sm, None)
     todo = sorted(j for j in todo if j is not None)
     with ProcessPoolExecutor(os.cpu_count()) as pool:
         results = list(pool.map(_compile, todo))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from drafter_attn.tuner import cli
-from drafter_attn.tuner.refine import refine_candidates
+from drafter_attn.tuner.refine import refine_candidates, winner_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE, DB = ROOT / "profiles" / "sm90.json", ROOT / "profiles" / "sm90.db"
@@ -76,3 +76,43 @@ def test_max_batch_keeps_the_small_batches():
              for e in _winners() if e["batch"] <= 8}
     assert len(cands) == len(small) < len(_winners())
     assert cli.main(["refine", str(TABLE), "--set", "one_trip=1", "--max-batch", "8", "--dry-run"]) == 0
+
+
+def test_with_winners_puts_each_winner_right_before_its_refined_candidate():
+    plain, _ = refine_candidates(TABLE, {"one_trip": True}, ("ws",), max_batch=8)
+    both, _ = refine_candidates(TABLE, {"one_trip": True}, ("ws",), max_batch=8, with_winners=True)
+    won = winner_keys(TABLE, ("ws",), max_batch=8)
+    keys = [c.key() for c in both]
+    assert len(keys) == len(set(keys))  # a winner that already has the knob is its own candidate
+    assert {c.key() for c in plain} <= set(keys) and won <= set(keys)
+    assert set(keys) == {c.key() for c in plain} | won
+    # the winners are the rows the shipped database holds, and each comes before its refined one
+    db_keys = {row[0] for row in sqlite3.connect(f"file:{DB}?mode=ro", uri=True).execute(
+        "SELECT DISTINCT candidate_key FROM results")}
+    assert won <= db_keys
+    for i, c in enumerate(both):
+        if c.key() not in won:
+            assert i > 0 and both[i - 1].key() in won
+            assert both[i - 1].problem == c.problem
+
+
+def test_the_cli_measures_the_winners_again_only_when_asked(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_sweep(candidates, path, **kw):
+        seen.update(n=len(candidates), fresh=set(kw["fresh"]))
+
+        class Out:
+            sweep_id = "x"
+
+            def summary(self):
+                return "faked"
+        return Out()
+
+    monkeypatch.setattr("drafter_attn.tuner.sweep.run_sweep", fake_sweep)
+    base = ["refine", str(TABLE), "--set", "one_trip=1", "--max-batch", "8", "--db", str(tmp_path / "r.db")]
+    assert cli.main(base) == 0
+    assert seen["fresh"] == set()
+    n_plain = seen["n"]
+    assert cli.main(base + ["--with-winners"]) == 0
+    assert seen["fresh"] == winner_keys(TABLE, (), max_batch=8) and seen["n"] > n_plain

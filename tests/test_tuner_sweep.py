@@ -171,3 +171,21 @@ def test_a_target_names_an_sm_or_a_gpu_class():
     h200 = dict(sm=90, gpu_name="NVIDIA H200")
     assert serves(None, h200) and serves("sm90", h200) and serves("h200", h200) and serves("H200", h200)
     assert not serves("sm100", h200) and not serves("B200", h200) and not serves("sm9", h200)
+
+
+def test_fresh_candidates_are_measured_again_and_only_once_a_sweep(tmp_path):
+    """`fresh` (tuner refine --with-winners): a candidate with a row already is measured again,
+    and its new row is the newest; the rest are skipped as before."""
+    path = tmp_path / "f.db"
+    cands = _candidates([1, 23])
+    first = run_sweep(cands, path, devices=[None], **FAKE)
+    assert first.measured == len(cands) == 4
+    again_key = cands[0].key()
+    second = run_sweep(cands, path, devices=[None], fresh={again_key}, **FAKE)
+    assert second.measured == 1 and second.skipped == 3
+    rows = _rows(path)
+    assert [r["candidate_key"] for r in rows].count(again_key) == 2
+    assert rows[-1]["candidate_key"] == again_key  # the newest row is this sweep's
+    # a fresh key listed twice in one sweep is measured once (its row since the start counts)
+    third = run_sweep(cands + [cands[0]], path, devices=[None], fresh={again_key}, **FAKE)
+    assert third.measured == 1 and third.skipped == 4

@@ -1,7 +1,7 @@
 """The `tuner` command: sweeps into the profile database, and what it holds.
 
     tuner sweep SPEC [--db PATH]          measure a sweep spec (a TOML file, or "default")
-    tuner refine TABLE --set K=V [--where K] [--max-batch N]
+    tuner refine TABLE --set K=V [--where K] [--max-batch N] [--with-winners]
                                           a tuned table's winners again with parameters changed
     tuner show [filters] [--format F]     the database's results as a table, CSV or JSON
     tuner compile --sm 90,107 | all       static compile profiles (no GPU needed)
@@ -99,12 +99,14 @@ def cmd_sweep(args) -> int:
 
 def cmd_refine(args) -> int:
     from drafter_attn.kernels.registry import parse_spec
-    from drafter_attn.tuner.refine import refine_candidates
+    from drafter_attn.tuner.refine import refine_candidates, winner_keys
     from drafter_attn.tuner.sweep import run_sweep
 
     overrides = parse_spec(f"{args.impl}:{','.join(args.set)}")[1]
-    candidates, skipped = refine_candidates(args.table, overrides, tuple(args.where), args.impl,
-                                            args.max_batch)
+    where = tuple(args.where)
+    candidates, skipped = refine_candidates(args.table, overrides, where, args.impl, args.max_batch,
+                                            with_winners=args.with_winners)
+    fresh = winner_keys(args.table, where, args.impl, args.max_batch) if args.with_winners else set()
     for line in skipped:
         print(f"not applicable: {line}", file=sys.stderr)
     if args.dry_run:
@@ -112,7 +114,8 @@ def cmd_refine(args) -> int:
     path = _db_path(args)
     print(f"refine {args.table} with {overrides}: {len(candidates)} candidates -> {path}", file=sys.stderr)
     out = run_sweep(candidates, path, timeout_s=args.timeout, options=dict(reps=0, nsys=False),
-                    retry_failed=args.retry_failed, progress=not args.no_progress, name="refine")
+                    retry_failed=args.retry_failed, progress=not args.no_progress, name="refine",
+                    fresh=fresh)
     print(f"sweep {out.sweep_id}: {out.summary()}", file=sys.stderr)
     return 0
 
@@ -359,6 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=positive_int, metavar="N",
                    help="only winners of at most N requests (a knob of the split combine matters "
                    "where calls split: the small batches)")
+    p.add_argument("--with-winners", action="store_true",
+                   help="measure each winner again, right before its refined candidate, so that the "
+                   "export compares rows of one run (it takes each candidate's newest)")
     p.add_argument("--impl", default="cupy", help="the backend whose winners to refine (default cupy)")
     _add_db(p)
     p.add_argument("--timeout", type=positive_float, default=300.0, help="seconds per candidate")

@@ -532,15 +532,19 @@ def ensure_claims(db: ProfileDB) -> None:
 
 
 def claim_candidate(db: ProfileDB, scope: str, env_id: str, key: str, owner: str, *, lease_s: float,
-                    since: str, statuses=None, serves=lambda env: True) -> str:
+                    since: str, statuses=None, serves=lambda env: True, fresh: bool = False) -> str:
     """Claim candidate `key` of `scope` for `owner`, to measure in environment `env_id`,
     atomically. Returns DONE when the database holds a row for it in `env_id` (of `statuses`,
-    when given), or a row written at or after `since` in any environment that `serves` (a
+    when given; with `fresh`, only a row written at or after `since` counts: a candidate to be
+    measured again), or a row written at or after `since` in any environment that `serves` (a
     predicate on its environments row): another sweep measured it meanwhile. Returns BUSY while
     another owner's claim is unexpired, else CLAIMED."""
     c = db.conn
     own_sql = "SELECT 1 FROM results WHERE env_id = ? AND candidate_key = ?"
     own_args: list = [env_id, key]
+    if fresh:
+        own_sql += " AND created_at >= ?"
+        own_args.append(since)
     if statuses:
         own_sql += f" AND status IN ({', '.join('?' * len(statuses))})"
         own_args += list(statuses)

@@ -9,7 +9,12 @@ faster at each key. Nothing else of the grid is measured, so a knob that would o
 other parameters changed as well is not found this way.
 
     tuner refine profiles/sm90.json --set q_step=1 --where ws --db profiles/sm90.db
-    tuner refine profiles/sm90.json --set one_trip=1 --max-batch 8 --db profiles/sm90.db
+    tuner refine profiles/sm90.json --set one_trip=1 --max-batch 8 --with-winners --db profiles/sm90.db
+
+Without `--with-winners` the export weighs each refined row, measured today, against its
+winner's row from the sweep that found it, maybe days before on another lease. With it, each
+winner is measured again right before its refined candidate in the same sweep (the export takes
+each candidate's newest row), so every comparison is of one run.
 """
 
 from __future__ import annotations
@@ -22,14 +27,16 @@ from drafter_attn.tuner.spec import Candidate, problem_from_key
 
 
 def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...] = (),
-                      impl: str = "cupy", max_batch: int | None = None) -> tuple[list[Candidate], list[str]]:
+                      impl: str = "cupy", max_batch: int | None = None,
+                      with_winners: bool = False) -> tuple[list[Candidate], list[str]]:
     """(candidates, skipped): every measured winner of `table` run by `impl` whose parameters
     named in `where` are all set (true, non-zero), and of at most `max_batch` requests where
     given, with `overrides` applied over its own parameters; `skipped` says, a line each, which
     winners the overrides do not apply to and why. Duplicates (two entries of one key) are
     measured once. (`max_batch` keeps a knob of the split combine, `one_trip`, to the batches
     whose calls split: the split model gives the large ones one split, and there the knob
-    changes nothing that runs.)"""
+    changes nothing that runs.) `with_winners`: each winner itself (as it was measured) right
+    before its refined candidate; `winner_keys` names them for the sweep to measure again."""
     entries = json.loads(Path(table).read_text())["entries"]
     backend = registry.get(impl)
     registry.check_params(backend, overrides)
@@ -50,8 +57,19 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
         if why:
             skipped.append(f"{e['layout']} page {e['page_size']} B={e['batch']} ctx={e['ctx_len']}: {why}")
             continue
+        preset, target = e["provenance"].get("preset"), f"sm{sm}"
+        if with_winners:
+            won = registry.resolve_params(backend, problem, sm, wanted)
+            cand = Candidate(problem, impl, tuple(sorted(won.items())), None, preset, target)
+            out.setdefault(cand.key(), cand)
         params = registry.resolve_params(backend, problem, sm, bound)
-        cand = Candidate(problem, impl, tuple(sorted(params.items())), None,
-                         e["provenance"].get("preset"), f"sm{sm}")
+        cand = Candidate(problem, impl, tuple(sorted(params.items())), None, preset, target)
         out.setdefault(cand.key(), cand)
     return list(out.values()), skipped
+
+
+def winner_keys(table: str | Path, where: tuple[str, ...] = (), impl: str = "cupy",
+                max_batch: int | None = None) -> set[str]:
+    """The candidate keys of the winners `refine_candidates` would refine (the keys their rows
+    were measured under): the ones `--with-winners` measures again."""
+    return {c.key() for c in refine_candidates(table, {}, where, impl, max_batch)[0]}

@@ -128,8 +128,9 @@ class SweepQueue:
     the outcome and the progress bar. Only the process that owns it writes the database."""
 
     def __init__(self, candidates, db: ProfileDB, outcome: SweepOutcome, bar, *, retry_failed=False,
-                 lease_s: float = CLAIM_LEASE_S):
+                 lease_s: float = CLAIM_LEASE_S, fresh=frozenset()):
         self.candidates, self.db, self.outcome, self.bar = candidates, db, outcome, bar
+        self.fresh = frozenset(fresh)  # keys measured again even where rows exist (`run_sweep`)
         self.statuses = ("ok", "unsupported") if retry_failed else None
         self.lease_s, self.since = lease_s, dbm.now()
         self.pending = collections.deque(range(len(candidates)))
@@ -153,7 +154,8 @@ class SweepQueue:
             self.envs.add(env_id)
             done = self.db.done_candidates(env_id, self.statuses)
             keep = [i for i in self.pending
-                    if not (self.candidates[i].key() in done and serves(self.candidates[i].target, fp))]
+                    if not (self.candidates[i].key() in done - self.fresh
+                            and serves(self.candidates[i].target, fp))]
             self._skip(len(self.pending) - len(keep))
             self.pending = collections.deque(keep)
         return env_id
@@ -168,7 +170,8 @@ class SweepQueue:
             c = self.candidates[i]
             state = dbm.claim_candidate(self.db, _scope(c), w.env_id, c.key(), self.owner, lease_s=self.lease_s,
                                         since=self.since, statuses=self.statuses,
-                                        serves=lambda env, t=c.target: serves(t, env))
+                                        serves=lambda env, t=c.target: serves(t, env),
+                                        fresh=c.key() in self.fresh)
             if state == dbm.CLAIMED:
                 return i
             if state == dbm.DONE:  # another environment or another sweep finished it
@@ -229,12 +232,15 @@ def run_sweep(candidates: list[Candidate], db_path, *, timeout_s: float = 600, o
               devices: list[str | None] | None = None, measure: str = MEASURE,
               fingerprint: str = FINGERPRINT, retry_failed: bool = False, progress: bool = True,
               sweep_id: str | None = None, name: str = "sweep",
-              lease_s: float = CLAIM_LEASE_S) -> SweepOutcome:
+              lease_s: float = CLAIM_LEASE_S, fresh=frozenset()) -> SweepOutcome:
     """Measure `candidates` in worker processes, one per entry of `devices` (CUDA_VISIBLE_DEVICES
     entries; default: one per visible GPU; None entries pin nothing), writing each result to
     `db_path` the moment it arrives. Candidates with a row for the worker's environment are
-    skipped (with `retry_failed`, only rows that are ok or unsupported count as done).
-    `measure` and `fingerprint` name the worker's functions ("module:attr")."""
+    skipped (with `retry_failed`, only rows that are ok or unsupported count as done), except
+    those whose keys are in `fresh`: they are measured again unless a row of theirs was written
+    since this sweep started (`tuner refine --with-winners`: the winners beside their refined
+    candidates, in one run). `measure` and `fingerprint` name the worker's functions
+    ("module:attr")."""
     devices = visible_devices() if devices is None else list(devices)
     if not devices:
         raise SweepError("no CUDA GPU is visible: a sweep measures kernels on a GPU "
@@ -244,7 +250,7 @@ def run_sweep(candidates: list[Candidate], db_path, *, timeout_s: float = 600, o
              for i, d in enumerate(devices)]
     outcome = SweepOutcome(sweep_id or new_sweep_id(name), len(candidates))
     queue = SweepQueue(candidates, ProfileDB(db_path), outcome, Progress(progress, name, len(candidates)),
-                       retry_failed=retry_failed, lease_s=lease_s)
+                       retry_failed=retry_failed, lease_s=lease_s, fresh=fresh)
     sweep = _Sweep(queue, slots, timeout_s)
     try:
         sweep.run()
