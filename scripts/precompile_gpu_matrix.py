@@ -145,7 +145,7 @@ def main(argv=None):
     ap.add_argument("--where", action="append", default=[], metavar="NAME", help="with --refine")
     ap.add_argument("--max-batch", type=int, metavar="N", help="with --refine")
     ap.add_argument("--with-winners", action="store_true", help="with --refine: the winners too "
-                    "(`tuner refine --with-winners` measures them again, so --db leaves none out)")
+                    "(`tuner refine --with-winners` measures every pair again, so --db leaves none out)")
     ap.add_argument("--db", help="with --sweep or --refine: leave out the candidates this profile "
                     "database holds")
     ap.add_argument("--sm", type=int, help="target (default: this machine's GPU; no GPU needed if given)")
@@ -168,11 +168,9 @@ def main(argv=None):
         from drafter_attn.tuner.refine import refine_candidates
 
         sets = parse_spec("cupy:" + ",".join(args.set))[1]
-        found = refine_candidates(args.refine, sets, tuple(args.where), max_batch=args.max_batch)[0]
-        todo |= candidate_jobs(found, sm, args.db)
-        if args.with_winners:
-            won = refine_candidates(args.refine, {}, tuple(args.where), max_batch=args.max_batch)[0]
-            todo |= candidate_jobs(won, sm, None)
+        found = refine_candidates(args.refine, sets, tuple(args.where), max_batch=args.max_batch,
+                                  with_winners=args.with_winners)[0]
+        todo |= candidate_jobs(found, sm, None if args.with_winners else args.db)
     todo = sorted(j for j in todo if j is not None)
     with ProcessPoolExecutor(os.cpu_count()) as pool:
         results = list(pool.map(_compile, todo))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from drafter_attn.tuner import cli
-from drafter_attn.tuner.refine import refine_candidates, winner_keys
+from drafter_attn.tuner.refine import refine_candidates
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE, DB = ROOT / "profiles" / "sm90.json", ROOT / "profiles" / "sm90.db"
@@ -81,7 +81,7 @@ def test_max_batch_keeps_the_small_batches():
 def test_with_winners_puts_each_winner_right_before_its_refined_candidate():
     plain, _ = refine_candidates(TABLE, {"one_trip": True}, ("ws",), max_batch=8)
     both, _ = refine_candidates(TABLE, {"one_trip": True}, ("ws",), max_batch=8, with_winners=True)
-    won = winner_keys(TABLE, ("ws",), max_batch=8)
+    won = {c.key() for c in refine_candidates(TABLE, {}, ("ws",), max_batch=8)[0]}
     keys = [c.key() for c in both]
     assert len(keys) == len(set(keys))  # a winner that already has the knob is its own candidate
     assert {c.key() for c in plain} <= set(keys) and won <= set(keys)
@@ -115,4 +115,5 @@ def test_the_cli_measures_the_winners_again_only_when_asked(monkeypatch, tmp_pat
     assert seen["fresh"] == set()
     n_plain = seen["n"]
     assert cli.main(base + ["--with-winners"]) == 0
-    assert seen["fresh"] == winner_keys(TABLE, (), max_batch=8) and seen["n"] > n_plain
+    pairs, _ = refine_candidates(TABLE, {"one_trip": True}, (), max_batch=8, with_winners=True)
+    assert seen["fresh"] == {c.key() for c in pairs} and seen["n"] == len(pairs) > n_plain

@@ -99,14 +99,15 @@ def cmd_sweep(args) -> int:
 
 def cmd_refine(args) -> int:
     from drafter_attn.kernels.registry import parse_spec
-    from drafter_attn.tuner.refine import refine_candidates, winner_keys
+    from drafter_attn.tuner.refine import refine_candidates
     from drafter_attn.tuner.sweep import run_sweep
 
     overrides = parse_spec(f"{args.impl}:{','.join(args.set)}")[1]
     where = tuple(args.where)
     candidates, skipped = refine_candidates(args.table, overrides, where, args.impl, args.max_batch,
                                             with_winners=args.with_winners)
-    fresh = winner_keys(args.table, where, args.impl, args.max_batch) if args.with_winners else set()
+    # --with-winners: every pair measured in this sweep, whatever rows it had before
+    fresh = {c.key() for c in candidates} if args.with_winners else set()
     for line in skipped:
         print(f"not applicable: {line}", file=sys.stderr)
     if args.dry_run:
@@ -363,8 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only winners of at most N requests (a knob of the split combine matters "
                    "where calls split: the small batches)")
     p.add_argument("--with-winners", action="store_true",
-                   help="measure each winner again, right before its refined candidate, so that the "
-                   "export compares rows of one run (it takes each candidate's newest)")
+                   help="measure each winner again, right before its refined candidate, and the "
+                   "refined one again too where it was measured before, so that the export compares "
+                   "rows of one run (it takes each candidate's newest)")
     p.add_argument("--impl", default="cupy", help="the backend whose winners to refine (default cupy)")
     _add_db(p)
     p.add_argument("--timeout", type=positive_float, default=300.0, help="seconds per candidate")

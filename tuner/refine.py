@@ -12,9 +12,10 @@ other parameters changed as well is not found this way.
     tuner refine profiles/sm90.json --set one_trip=1 --max-batch 8 --with-winners --db profiles/sm90.db
 
 Without `--with-winners` the export weighs each refined row, measured today, against its
-winner's row from the sweep that found it, maybe days before on another lease. With it, each
-winner is measured again right before its refined candidate in the same sweep (the export takes
-each candidate's newest row), so every comparison is of one run.
+winner's row from the sweep that found it, maybe days before on another lease (and a refined
+candidate measured before is not measured again). With it, each winner and its refined candidate
+are measured in this sweep, one right after the other, whatever rows they had (the export takes
+each candidate's newest row), so each comparison is of one run.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
     measured once. (`max_batch` keeps a knob of the split combine, `one_trip`, to the batches
     whose calls split: the split model gives the large ones one split, and there the knob
     changes nothing that runs.) `with_winners`: each winner itself (as it was measured) right
-    before its refined candidate; `winner_keys` names them for the sweep to measure again."""
+    before its refined candidate (`tuner refine --with-winners` measures them all again)."""
     entries = json.loads(Path(table).read_text())["entries"]
     backend = registry.get(impl)
     registry.check_params(backend, overrides)
@@ -66,10 +67,3 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
         cand = Candidate(problem, impl, tuple(sorted(params.items())), None, preset, target)
         out.setdefault(cand.key(), cand)
     return list(out.values()), skipped
-
-
-def winner_keys(table: str | Path, where: tuple[str, ...] = (), impl: str = "cupy",
-                max_batch: int | None = None) -> set[str]:
-    """The candidate keys of the winners `refine_candidates` would refine (the keys their rows
-    were measured under): the ones `--with-winners` measures again."""
-    return {c.key() for c in refine_candidates(table, {}, where, impl, max_batch)[0]}
