@@ -6,7 +6,8 @@
 # REFINE="--set q_step=1 --where ws" (or "--set one_trip=1 --max-batch 8") also measures the
 # shipped table's winners with a knob changed
 # (`tuner refine profiles/sm90.json $REFINE`), after the specs, within the same SWEEP_S; add
-# --with-winners to REFINE to measure each winner and its refined candidate in this sweep.
+# --with-winners to REFINE to measure each winner, its runners-up and its refined candidate in
+# this sweep.
 # $OUT/sm90.db comes back (one file, journal folded in); then, in a checkout:
 #   cp OUT/sm90.db profiles/sm90.db
 #   tuner export --sm 90 --db profiles/sm90.db --current-sources --out profiles/sm90.json

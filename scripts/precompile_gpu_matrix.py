@@ -144,8 +144,9 @@ def main(argv=None):
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="with --refine")
     ap.add_argument("--where", action="append", default=[], metavar="NAME", help="with --refine")
     ap.add_argument("--max-batch", type=int, metavar="N", help="with --refine")
-    ap.add_argument("--with-winners", action="store_true", help="with --refine: the winners too "
-                    "(`tuner refine --with-winners` measures every pair again, so --db leaves none out)")
+    ap.add_argument("--with-winners", action="store_true", help="with --refine: the winners and "
+                    "their runners-up too (`tuner refine --with-winners` measures them all again, so "
+                    "--db leaves none out)")
     ap.add_argument("--db", help="with --sweep or --refine: leave out the candidates this profile "
                     "database holds")
     ap.add_argument("--sm", type=int, help="target (default: this machine's GPU; no GPU needed if given)")

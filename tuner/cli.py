@@ -364,9 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only winners of at most N requests (a knob of the split combine matters "
                    "where calls split: the small batches)")
     p.add_argument("--with-winners", action="store_true",
-                   help="measure each winner again, right before its refined candidate, and the "
-                   "refined one again too where it was measured before, so that the export compares "
-                   "rows of one run (it takes each candidate's newest)")
+                   help="measure each winner and the runners-up the table lists beside it again, "
+                   "right before its refined candidate (that one again too where it has a row), so "
+                   "that the export decides each key on rows of one run (it takes each "
+                   "candidate's newest)")
     p.add_argument("--impl", default="cupy", help="the backend whose winners to refine (default cupy)")
     _add_db(p)
     p.add_argument("--timeout", type=positive_float, default=300.0, help="seconds per candidate")

@@ -13,9 +13,12 @@ other parameters changed as well is not found this way.
 
 Without `--with-winners` the export weighs each refined row, measured today, against its
 winner's row from the sweep that found it, maybe days before on another lease (and a refined
-candidate measured before is not measured again). With it, each winner and its refined candidate
-are measured in this sweep, one right after the other, whatever rows they had (the export takes
-each candidate's newest row), so each comparison is of one run.
+candidate measured before is not measured again). With it, each winner, the runners-up the table lists
+beside it (`alternatives`, its next three) and its refined candidate are measured in this sweep,
+one right after another, whatever rows they had (the export takes each candidate's newest row),
+so the comparisons that decide a key are of one run. (Refreshing the winner alone is not enough:
+on the H200, of 10 keys whose winner changed after its winner was measured again, 9 went to a
+runner-up's older row, 0-4% apart; results/sm90-2026-12-04/session25/refine-with-winners/.)
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
     winners the overrides do not apply to and why. Duplicates (two entries of one key) are
     measured once. (`max_batch` keeps a knob of the split combine, `one_trip`, to the batches
     whose calls split: the split model gives the large ones one split, and there the knob
-    changes nothing that runs.) `with_winners`: each winner itself (as it was measured) right
-    before its refined candidate (`tuner refine --with-winners` measures them all again)."""
+    changes nothing that runs.) `with_winners`: each winner itself (as it was measured) and
+    the entry's alternatives of `impl` right before its refined candidate (`tuner refine
+    --with-winners` measures them all again)."""
     entries = json.loads(Path(table).read_text())["entries"]
     backend = registry.get(impl)
     registry.check_params(backend, overrides)
@@ -59,10 +63,12 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
             skipped.append(f"{e['layout']} page {e['page_size']} B={e['batch']} ctx={e['ctx_len']}: {why}")
             continue
         preset, target = e["provenance"].get("preset"), f"sm{sm}"
-        if with_winners:
-            won = registry.resolve_params(backend, problem, sm, wanted)
-            cand = Candidate(problem, impl, tuple(sorted(won.items())), None, preset, target)
-            out.setdefault(cand.key(), cand)
+        if with_winners:  # the winner and its runners-up, as they were measured
+            for got in [wanted] + [{k: v for k, v in a["params"].items() if k in known}
+                                   for a in e.get("alternatives", []) if a["impl"] == impl]:
+                won = registry.resolve_params(backend, problem, sm, got)
+                cand = Candidate(problem, impl, tuple(sorted(won.items())), None, preset, target)
+                out.setdefault(cand.key(), cand)
         params = registry.resolve_params(backend, problem, sm, bound)
         cand = Candidate(problem, impl, tuple(sorted(params.items())), None, preset, target)
         out.setdefault(cand.key(), cand)
