@@ -106,7 +106,8 @@ def cmd_refine(args) -> int:
     where = tuple(args.where)
     candidates, skipped = refine_candidates(args.table, overrides, where, args.impl, args.max_batch,
                                             with_winners=args.with_winners)
-    # --with-winners: every pair measured in this sweep, whatever rows it had before
+    # --with-winners: every candidate (winner, runners-up, refined) measured in this sweep,
+    # whatever rows it had before
     fresh = {c.key() for c in candidates} if args.with_winners else set()
     for line in skipped:
         print(f"not applicable: {line}", file=sys.stderr)

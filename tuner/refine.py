@@ -13,10 +13,10 @@ other parameters changed as well is not found this way.
 
 Without `--with-winners` the export weighs each refined row, measured today, against its
 winner's row from the sweep that found it, maybe days before on another lease (and a refined
-candidate measured before is not measured again). With it, each winner, the runners-up the table lists
-beside it (`alternatives`, its next three) and its refined candidate are measured in this sweep,
-one right after another, whatever rows they had (the export takes each candidate's newest row),
-so the comparisons that decide a key are of one run. (Refreshing the winner alone is not enough:
+candidate measured before is not measured again). With it, each winner, the runners-up the
+table lists beside it (`alternatives`, its next three) and its refined candidate are measured in
+this sweep, one right after another, whatever rows they had (the export takes each candidate's
+newest row), so the comparisons that decide a key are of one run. (Refreshing the winner alone is not enough:
 on the H200, of 10 keys whose winner changed after its winner was measured again, 9 went to a
 runner-up's older row, 0-4% apart; results/sm90-2026-12-04/session25/refine-with-winners/.)
 """
