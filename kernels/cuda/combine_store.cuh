@@ -160,7 +160,7 @@ __device__ __forceinline__ void merge_splits(const float* __restrict__ o_part,
     for (int e = 0; e < PER; ++e) acc[e] += w * x[c].f[e];
   }
 #pragma unroll 1
-  for (int s0 = first + CHUNK * step; s0 < num_splits; s0 += CHUNK * step) {  // past 16-32 splits
+  for (int s0 = first + CHUNK * step; s0 < num_splits; s0 += CHUNK * step) {  // past 16 a CTA a row, 4 a warp
     float ls[CHUNK];
 #pragma unroll
     for (int c = 0; c < CHUNK; ++c) {
