@@ -238,8 +238,8 @@ def run_sweep(candidates: list[Candidate], db_path, *, timeout_s: float = 600, o
     `db_path` the moment it arrives. Candidates with a row for the worker's environment are
     skipped (with `retry_failed`, only rows that are ok or unsupported count as done), except
     those whose keys are in `fresh`: they are measured again unless a row of theirs was written
-    since this sweep started (`tuner refine --with-winners`: the winners beside their refined
-    candidates, in one run). `measure` and `fingerprint` name the worker's functions
+    since this sweep started (`tuner refine --with-winners`: each key's winner, runners-up and
+    refined candidate, in one run). `measure` and `fingerprint` name the worker's functions
     ("module:attr")."""
     devices = visible_devices() if devices is None else list(devices)
     if not devices:
