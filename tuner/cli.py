@@ -103,9 +103,8 @@ def cmd_refine(args) -> int:
     from drafter_attn.tuner.sweep import run_sweep
 
     overrides = parse_spec(f"{args.impl}:{','.join(args.set)}")[1]
-    where = tuple(args.where)
-    candidates, skipped = refine_candidates(args.table, overrides, where, args.impl, args.max_batch,
-                                            with_winners=args.with_winners)
+    candidates, skipped = refine_candidates(args.table, overrides, tuple(args.where), args.impl,
+                                            args.max_batch, with_winners=args.with_winners)
     # --with-winners: every candidate (winner, runners-up, refined) measured in this sweep,
     # whatever rows it had before
     fresh = {c.key() for c in candidates} if args.with_winners else set()

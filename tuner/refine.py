@@ -16,9 +16,10 @@ winner's row from the sweep that found it, maybe days before on another lease (a
 candidate measured before is not measured again). With it, each winner, the runners-up the
 table lists beside it (`alternatives`, its next three) and its refined candidate are measured in
 this sweep, one right after another, whatever rows they had (the export takes each candidate's
-newest row), so the comparisons that decide a key are of one run. (Refreshing the winner alone is not enough:
-on the H200, of 10 keys whose winner changed after its winner was measured again, 9 went to a
-runner-up's older row, 0-4% apart; results/sm90-2026-12-04/session25/refine-with-winners/.)
+newest row), so the comparisons that decide a key are of one run. (Refreshing the winner alone
+is not enough: on the H200, of 10 keys whose winner changed after its winner was measured again,
+9 went to a runner-up's older row, 0-4% apart; results/sm90-2026-12-04/session25/
+refine-with-winners/.)
 """
 
 from __future__ import annotations
@@ -62,14 +63,12 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
         if why:
             skipped.append(f"{e['layout']} page {e['page_size']} B={e['batch']} ctx={e['ctx_len']}: {why}")
             continue
-        preset, target = e["provenance"].get("preset"), f"sm{sm}"
-        if with_winners:  # the winner and its runners-up, as they were measured
-            for got in [wanted] + [{k: v for k, v in a["params"].items() if k in known}
-                                   for a in e.get("alternatives", []) if a["impl"] == impl]:
-                won = registry.resolve_params(backend, problem, sm, got)
-                cand = Candidate(problem, impl, tuple(sorted(won.items())), None, preset, target)
-                out.setdefault(cand.key(), cand)
-        params = registry.resolve_params(backend, problem, sm, bound)
-        cand = Candidate(problem, impl, tuple(sorted(params.items())), None, preset, target)
-        out.setdefault(cand.key(), cand)
+        # the winner and its runners-up as they were measured (with_winners), then the refined one
+        runners_up = [{k: v for k, v in a["params"].items() if k in known}
+                      for a in e.get("alternatives", []) if a["impl"] == impl]
+        for chosen in ([wanted, *runners_up] if with_winners else []) + [bound]:
+            params = registry.resolve_params(backend, problem, sm, chosen)
+            cand = Candidate(problem, impl, tuple(sorted(params.items())), None,
+                             e["provenance"].get("preset"), f"sm{sm}")
+            out.setdefault(cand.key(), cand)
     return list(out.values()), skipped
