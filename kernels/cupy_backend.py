@@ -112,6 +112,10 @@ class Params:
     # each warp's first 4 partial rows in one round trip (16 splits a CTA a row, 4 a warp a row;
     # then 4 a trip), the weights made once both have landed, and addresses its output in 32-bit
     # divisions (combine_store.cuh COMBINE_ONE_TRIP)
+    pair: bool = False  # ws only: splits 2j and 2j + 1 run as one cluster of two CTAs, the second
+    # handing its rows to the first through the first's shared memory at the end, so only the
+    # pairs' partials (none at two splits: no combine kernel) go through L2; an even split count
+    # (warp_specialized.cuh WS_PAIR; `ws_knobs_reason`)
 
     @property
     def tensor_maps(self) -> bool:
@@ -125,7 +129,7 @@ class Params:
         pipelined path's page-id ring where it has one."""
         if self.ws:
             return ws_bytes(self.tile_n, self.stages, head_dim, self.ws, self.early_ids,
-                            self.ws_rows)
+                            self.ws_rows, self.pair)
         return pipelined_bytes(self.tile_n, self.stages, head_dim,
                                padded_warps(warps) if wgmma else warps, wgmma, self.overlap,
                                self.q_smem, page_size, self.lean, self.tma)
@@ -180,15 +184,17 @@ def tma_bytes(stages: int, warps: int) -> int:
 
 
 def ws_bytes(tile_n: int, stages: int, head_dim: int, consumers: int,
-             early_ids: bool = False, ws_rows: bool = False) -> int:
+             early_ids: bool = False, ws_rows: bool = False, pair: bool = False) -> int:
     """Shared memory of the warp-specialised kernel (`ws`, warp_specialized.cuh): the K and V
     stages, the Q stage (64 rows; with `ws_rows` one a consumer), a full and an empty barrier a
     stage and Q's, 2 KB for the row maxima and sums each consumer but the first hands it (their O
-    goes through their last stages), and with `early_ids` the 64 page ids the producer copies
-    first."""
+    goes through their last stages), with `early_ids` the 64 page ids the producer copies
+    first, and with `pair` the pair's barrier and the buffer the second CTA of a pair writes its
+    64 rows' fp32 O, maxima and sums into (128 threads x (head_dim / 8 + 1) float4)."""
     q_stages = consumers if ws_rows else 1
     return (2 * stages * tile_n * head_dim * 2 + q_stages * 64 * head_dim * 2 + stages * 16 + 8
-            + (consumers - 1) * 4 * 128 * 4 + (64 * 4 if early_ids else 0))
+            + (consumers - 1) * 4 * 128 * 4 + (64 * 4 if early_ids else 0)
+            + (8 + (head_dim // 8 + 1) * 128 * 16 if pair else 0))
 
 
 def ws_threads(consumers: int) -> int:
@@ -339,9 +345,9 @@ def trim_reason(params: Params, head_dim: int, warps: int, sm: int | None = None
 
 
 def ws_knobs_reason(params: Params) -> str | None:
-    """Why `params.early_ids`, `params.ws_rows`, `params.ws_overlap` or `params.q_step` cannot
-    apply (None when they can, or are off): all are the warp-specialised kernel's (ws_overlap on
-    its lean loop)."""
+    """Why `params.early_ids`, `params.ws_rows`, `params.ws_overlap`, `params.q_step` or
+    `params.pair` cannot apply (None when they can, or are off): all are the warp-specialised
+    kernel's (ws_overlap on its lean loop; pair on its one-CTA rows, an even split count)."""
     if params.early_ids and not params.ws:
         return "early_ids=1 is the warp-specialised producer's (ws=2..4)"
     if params.ws_rows and not params.ws:
@@ -352,6 +358,12 @@ def ws_knobs_reason(params: Params) -> str | None:
         return "ws_overlap=1 pipelines the warp-specialised kernel's consumers (ws=2..4)"
     if params.ws_overlap and not params.lean:
         return "ws_overlap=1 pipelines the lean consumer loop: it needs lean=1 (ws's default)"
+    if params.pair and not params.ws:
+        return "pair=1 merges split pairs of the warp-specialised kernel (ws=2..4)"
+    if params.pair and (params.ws_rows or params.row_split != 1):
+        return "pair=1 hands a split's rows over in one CTA: not with ws_rows or row_split"
+    if params.pair and params.num_splits % 2:
+        return f"pair=1 runs the splits in pairs: num_splits={params.num_splits} is odd"
     if params.ws_overlap and params.ws == 4:
         # ptxas: 80-116 bytes spilled and every wgmma serialised for want of registers
         return "ws_overlap=1 holds a second tile's P, for which four consumers' 112 registers are too few"
@@ -711,6 +723,7 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "ws_overlap": [False, True],
         "q_step": [False, True],
         "one_trip": [False, True],
+        "pair": [False, True],
     }
 
 
@@ -778,7 +791,8 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         if reason:
             raise ValueError(reason)
         defines["TRIM"] = 1
-    if params.early_ids or params.ws_rows or params.ws_overlap or params.q_step:  # ws's own knobs
+    if (params.early_ids or params.ws_rows or params.ws_overlap or params.q_step
+            or params.pair):  # ws's own knobs
         reason = ws_knobs_reason(params)
         if reason:
             raise ValueError(reason)
@@ -786,6 +800,8 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         defines["EARLY_IDS"] = 1
     if params.q_step:
         defines["Q_STEP"] = 1
+    if params.pair:  # named only when on: the other ws variants keep their defines
+        defines["WS_PAIR"] = 1
     return defines
 
 
@@ -871,7 +887,7 @@ def module_smem(defines: dict[str, int]) -> int:
     if defines.get("WARP_SPEC", 0):
         return ws_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
                         defines["WS_CONSUMERS"], bool(defines.get("EARLY_IDS", 0)),
-                        bool(defines.get("WS_ROWS", 0)))
+                        bool(defines.get("WS_ROWS", 0)), bool(defines.get("WS_PAIR", 0)))
     return pipelined_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
                            defines["NUM_WARPS"], bool(defines["WGMMA"]), defines.get("OVERLAP", 0),
                            bool(defines["Q_SMEM"]), defines["PAGE_SIZE"] or None,
@@ -987,7 +1003,7 @@ _counter_bufs: dict[int, torch.Tensor] = {}
 
 
 def choose_splits(batch: int, hkv: int, kv_tokens: int, tile_n: int, num_sms: int,
-                  resident: int, max_splits: int = 64, rows: int = 64) -> int:
+                  resident: int, max_splits: int = 64, rows: int = 64, pairs: bool = False) -> int:
     """Split-KV count from a wave model, in units of one tile step of a full wave:
     - `batch * hkv * S` CTAs run in ceil(CTAs / slots) waves of `slots = SMs * resident` CTAs;
     - a wave lasts one split's share of the KV tiles, plus a fixed per-CTA cost of about two
@@ -1003,14 +1019,20 @@ def choose_splits(batch: int, hkv: int, kv_tokens: int, tile_n: int, num_sms: in
     H200 that ran 6% slower than 8 splits in one wave, and 6% slower than 4 splits at B=8
     (results/perf-notes.md, "The split count at long contexts"). Charged inside one wave too,
     they cut laguna's 144-row CTAs to half a wave (B=8: 2 splits -> 1), 28-34% slower in the
-    sm90 profile (results/perf-notes.md, "Partial rows in the split model")."""
+    sm90 profile (results/perf-notes.md, "Partial rows in the split model").
+
+    `pairs` (the ws kernel's `pair`): even counts only, at least 2, a pair writing one CTA's
+    partial rows (none at 2)."""
     ctas = batch * hkv
     slots = num_sms * resident
     tiles = max(1, -(-kv_tokens // tile_n))
     limit = max(1, min(max_splits, tiles // 2))
-    best, best_cost = 1, float("inf")
-    for s in range(1, limit + 1):
-        partials = 2 * rows / tile_n * ctas * s / slots if s > 1 and ctas * s > slots else 0.0
+    step = 2 if pairs else 1
+    best, best_cost = step, float("inf")
+    for s in range(step, max(step, limit) + 1, step):
+        written = s // step  # CTAs that write partials
+        partials = (2 * rows / tile_n * ctas * written / slots
+                    if written > 1 and ctas * s > slots else 0.0)
         cost = math.ceil(ctas * s / slots) * (tiles / s + 2) + partials
         if cost < best_cost - 1e-9:
             best, best_cost = s, cost
@@ -1338,7 +1360,8 @@ class CupyBackend:
         row_split = getattr(params, "row_split", 1)
         return choose_splits(dims.batch * row_split, dims.num_kv_heads, kv_tokens, params.tile_n,
                              num_sms, resident,
-                             rows=cta_rows(dims.block_size, dims.group, row_split))
+                             rows=cta_rows(dims.block_size, dims.group, row_split),
+                             pairs=getattr(params, "pair", False))
 
     def _plan_attention(self, key, dims, layout, args) -> AttentionPlan:
         q, _, _, k_cache, v_cache, table, _, out = args
@@ -1350,9 +1373,11 @@ class CupyBackend:
         mod = self.family.module_for(index, q.dtype, dims.head_dim, dims.page_size,
                                      dims.block_size, dims.group, p)
         splits = self.plan_splits(dims, p, q.device)
+        # the partials the combine merges: with `pair` one a split pair (none at two splits)
+        parts = splits // 2 if getattr(p, "pair", False) else splits
         rows = dims.block_size * dims.group
         part_elems, lse_elems = partial_elems(dims.batch, dims.num_kv_heads, rows, dims.head_dim,
-                                              splits)
+                                              parts)
         maps = None
         if getattr(p, "tensor_maps", False):  # cutlass's Params have no TMA variant
             maps = _tma_maps(k_cache, v_cache, dims.page_size, p.tile_n)
@@ -1366,12 +1391,12 @@ class CupyBackend:
         attention = Launch(mod.attention, (grid_x, dims.num_kv_heads, dims.batch),
                            (mod.threads, 1, 1), mod.smem, packed)
         combine = None
-        if splits > 1:
+        if parts > 1:
             total_rows = dims.batch * dims.num_kv_heads * rows
             combine = Launch(mod.combine, (combine_ctas(total_rows, p), 1, 1), (128, 1, 1), 0,
                              CombineArgs(batch=dims.batch, qb=dims.block_size,
                                          hq=dims.num_q_heads, hkv=dims.num_kv_heads,
-                                         group=dims.group, splits=splits))
+                                         group=dims.group, splits=parts))
         plan = AttentionPlan(index, splits, part_elems, lse_elems, attention, combine, maps)
         self._plans[key] = plan
         return plan

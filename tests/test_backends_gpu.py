@@ -39,7 +39,9 @@ pytestmark = pytest.mark.gpu
 # the splits with a warp a row (every SM; the tests' shapes pack at most 1024 rows a call, where
 # "cupy" merges a CTA a row), "one_trip=1" either combine with its lse values and first partials
 # read in one round trip (16 splits a CTA a row, 4 a warp a row, then 4 a trip: the forced split
-# counts' 40 take several); "cutlass" is the CuTe
+# counts' 40 take several); "pair=1" runs ws split pairs as clusters of two CTAs, the second
+# handing its rows to the first through shared memory (no combine at two splits, half the
+# partials above; odd forced counts refused); "cutlass" is the CuTe
 # port of the same algorithm (mma.sync), "cutlass:wgmma=1" its warpgroup-MMA path on sm_90 where
 # the shape allows. `cupy:wgmma=1` on CTAs that are not whole warpgroups (laguna's 9 warps padded
 # to 3 warpgroups) is checked by the test_padded_wgmma_* tests at the end of this file.
@@ -53,6 +55,7 @@ BACKENDS = ["cupy", "cupy:wgmma=0", "cupy:overlap=1", "cupy:overlap=2", "cupy:tm
             "cupy:ws=2,q_step=1", "cupy:trim=1",
             "cupy:combine=1", "cupy:one_trip=1", "cupy:combine=1,one_trip=1",
             "cupy:ws=3,tile_n=32,stages=9,early_ids=1,q_step=1,one_trip=1",
+            "cupy:ws=3,tile_n=32,stages=6,early_ids=1,one_trip=1,pair=1", "cupy:ws=2,stages=4,pair=1",
             "cutlass", "cutlass:wgmma=1"]
 
 
@@ -63,12 +66,15 @@ def _backend(spec: str):
 def _preset_for(impl, name: str, layout: str, page: int | None, lens) -> Geometry:
     """PRESETS[name], or, where `impl` refuses it (the overlap variants take no 9-warp CTA such as
     laguna's 144 rows), the same geometry with 64 query heads (G=8: 128 rows, two warpgroups),
-    which keeps its mask, window and block size."""
-    geom = PRESETS[name]
-    problem = Problem(geom, layout, page if layout == "paged" else None, len(lens), max(lens))
-    if impl.supports(problem) is None:
-        return geom
-    return geom.with_(num_q_heads=8 * geom.num_kv_heads)
+    or, refused again (`pair`: at most 64 rows, one CTA), with 32 (G=4: 64 rows); each keeps its
+    mask, window and block size."""
+    for group in (None, 8, 4):
+        geom = PRESETS[name] if group is None else PRESETS[name].with_(
+            num_q_heads=group * PRESETS[name].num_kv_heads)
+        problem = Problem(geom, layout, page if layout == "paged" else None, len(lens), max(lens))
+        if impl.supports(problem) is None:
+            return geom
+    return geom
 
 
 PAGE_SIZES = [8, 16, 32, 64, 128, 256]
@@ -160,15 +166,20 @@ def test_attention_matches_reference(backend, layout, geom, page, lens, seed):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("splits", [1, 3, 16, 40])  # 40: more splits than lanes in the combine
+@pytest.mark.parametrize("splits", [1, 2, 3, 4, 16, 40])  # 40: more splits than lanes in the combine
 def test_forced_split_counts(backend, splits):
-    """The split-KV combine against the single-pass result, including splits with no work."""
+    """The split-KV combine against the single-pass result, including splits with no work (a
+    count a variant refuses, `pair`'s odd ones, refused before any kernel runs)."""
     geom = PRESETS["qwen3-8b-dflash-b16"]
     impl = _backend(backend).with_params(num_splits=splits)
     gen = torch.Generator().manual_seed(splits)
     lens = [0, 5, 700, 4097]
     q, kb, vb = _block_inputs(geom, len(lens), gen)
     cache = random_paged_context(geom, lens, 64, "cuda", gen)
+    if impl.supports(Problem(geom, "paged", 64, len(lens), max(lens))):
+        with pytest.raises(ValueError, match="cannot run this problem"):
+            impl.paged_attention(q, kb, vb, *cache)
+        return
     ref = reference.paged_attention(q, kb, vb, *cache)
     _poison_allocator(q)
     _assert_close(impl.paged_attention(q, kb, vb, *cache), ref, geom.dtype)

@@ -128,3 +128,16 @@ def test_ctas_per_sm_takes_the_tunables_values():
     assert registry.from_spec("cupy:ctas_per_sm=1").with_params(ctas_per_sm=2) is not None
     with pytest.raises(ValueError, match="ctas_per_sm=-1 must be one of"):
         registry.from_spec("cupy:ctas_per_sm=-1")
+
+
+def test_pairs_take_even_counts_and_two_at_batch_eight():
+    """`pairs` (the ws kernel's `pair`): only even split counts, at least two even where the
+    context holds fewer tiles; B=8 over 8 KV heads fills one ws wave with two (64 pairs), as the
+    unpaired model does, and B=1 with 16 (8 partials for the combine)."""
+    assert choose_splits(8, 8, 8192 + 16, 32, H200_SMS, resident=1) == 2
+    assert choose_splits(8, 8, 8192 + 16, 32, H200_SMS, resident=1, pairs=True) == 2
+    assert choose_splits(1, 8, 8192 + 16, 32, H200_SMS, resident=1, pairs=True) == 16
+    assert choose_splits(1, 1, 40, 32, H200_SMS, resident=1, pairs=True) == 2  # one tile
+    for batch, ctx in ((1, 2048), (2, 8192), (3, 32768), (5, 131072), (32, 8192)):
+        s = choose_splits(batch, 8, ctx, 32, H200_SMS, resident=1, pairs=True)
+        assert s >= 2 and s % 2 == 0, (batch, ctx, s)

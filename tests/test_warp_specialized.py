@@ -324,3 +324,46 @@ def test_ws_overlap_compiles_unserialised_without_spills(cache_dir, spec, preset
                              90)
     assert res.arch == "sm_90a" and res.spills == 0
     assert "serialized" not in res.log and "ptxas info" in res.log
+
+
+def test_pair_is_wss_and_named_only_when_on():
+    """`pair` (opt-in): the WS_PAIR define on a ws variant, the others keeping their defines, and
+    shared memory for the pair's barrier and the second CTA's 64 rows (fp32 O, maxima, sums);
+    refused, with the reason, without ws, with rows dealt over CTAs or consumers, and at an odd
+    forced split count."""
+    plain = registry.from_spec("cupy:ws=3,tile_n=32,early_ids=1").params_for(_problem(), 90)
+    pair = registry.from_spec("cupy:ws=3,tile_n=32,early_ids=1,pair=1").params_for(_problem(), 90)
+    d0 = cb.variant_defines("bfloat16", 128, 64, 16, 4, plain, 90)
+    assert cb.variant_defines("bfloat16", 128, 64, 16, 4, pair, 90) == {**d0, "WS_PAIR": 1}
+    for head_dim in (64, 128):
+        extra = pair.smem_bytes(head_dim, 4, True, 64) - plain.smem_bytes(head_dim, 4, True, 64)
+        assert extra == 8 + 128 * 16 * (head_dim // 8 + 1)
+    assert cb.module_smem({**d0, "WS_PAIR": 1}) == pair.smem_bytes(128, 4, True, 64)
+    for spec, preset, words in (("cupy:pair=1", MAIN_PRESET, "ws=2..4"),
+                                ("cupy:ws=3,ws_rows=1,pair=1", "laguna-dflash", "ws_rows"),
+                                ("cupy:ws=3,tile_n=32,pair=1", "laguna-dflash", "row_split"),
+                                ("cupy:ws=3,tile_n=32,pair=1,num_splits=3", MAIN_PRESET, "odd")):
+        assert words in registry.from_spec(spec).supports(_problem(preset), 90), spec
+    assert registry.from_spec("cupy:ws=3,tile_n=32,pair=1,num_splits=4").supports(_problem(), 90) is None
+    assert cb.tunables()["pair"] == [False, True]
+
+
+@pytest.mark.parametrize("spec,preset,page", [("ws=3,tile_n=32,stages=6,early_ids=1,one_trip=1", MAIN_PRESET, 64),
+                                              ("ws=3,tile_n=32,stages=9,q_step=1", MAIN_PRESET, None),
+                                              ("ws=2,stages=4", "gpt-oss-20b-dflash", 16)])
+def test_pair_compiles_without_spills_and_meets_its_peer_in_the_cluster(cache_dir, spec, preset, page):
+    """The paired variant compiles for sm_90a without spills, with the cluster barrier's arrive
+    and wait and the stores into the peer's shared memory, which the unpaired build has none of;
+    its tile loop is the unpaired one's (the same count of wgmmas)."""
+    g = get_preset(preset)
+    counts = {}
+    for extra in ("", ",pair=1"):
+        p = registry.from_spec(f"cupy:{spec}{extra}").params_for(_problem(preset, page=page), 90)
+        res = cb.compile_variant(cb.variant_defines("bfloat16", g.head_dim, page, g.block_size, g.group,
+                                                    p, 90), 90)
+        assert res.arch == "sm_90a" and res.spills == 0
+        sass = static_profile.sass_text(res.cubin_path, "drafter_attention")
+        counts[extra] = {op: len(re.findall(op, sass)) for op in ("UCGABAR_ARV", "UCGABAR_WAIT", "HGMMA")}
+    assert counts[""]["UCGABAR_ARV"] == counts[""]["UCGABAR_WAIT"] == 0
+    assert counts[",pair=1"]["UCGABAR_ARV"] == counts[",pair=1"]["UCGABAR_WAIT"] == 1
+    assert counts[",pair=1"]["HGMMA"] == counts[""]["HGMMA"]

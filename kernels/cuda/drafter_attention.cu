@@ -323,7 +323,12 @@ constexpr float RESCALE_SLACK = 8.f;
 
 #if !defined(DRAFTER_LAYOUTS_ONLY) && WARP_SPEC
 #include "warp_specialized.cuh"
-extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
+#if WS_PAIR
+#define WS_CLUSTER __cluster_dims__(2, 1, 1)  // a split pair a cluster (warp_specialized.cuh)
+#else
+#define WS_CLUSTER
+#endif
+extern "C" __global__ void WS_CLUSTER __launch_bounds__(WS_THREADS, 1)
     drafter_attention(DRAFTER_KERNEL_PARAMS, const __grid_constant__ TmaMap tma_k,
                       const __grid_constant__ TmaMap tma_v) {
   ws_attention_body(DRAFTER_BODY_ARGS, &tma_k, &tma_v);

@@ -55,6 +55,9 @@
 #ifndef WS_OVERLAP
 #define WS_OVERLAP 0  // a consumer's P V of one tile under the S = Q K^T of its next (`ws_overlap`)
 #endif
+#ifndef WS_PAIR
+#define WS_PAIR 0  // split pairs as clusters of two, merged in the first's shared memory (`pair`)
+#endif
 namespace {
 constexpr int WS_THREADS = 128 * (1 + WS_CONSUMERS);
 static_assert(WS_CONSUMERS >= 2 && WS_CONSUMERS <= 4, "WARP_SPEC: 2, 3 or 4 consumer warpgroups");
@@ -69,6 +72,7 @@ __device__ __forceinline__ int q_off(int row, int col) {
   const int c = col >> 3;
   return (c >> 3) * 64 * 64 + row * 64 + (((c & 7) ^ (row & 7)) << 3);
 }
+static_assert(!WS_PAIR || (!WS_ROWS && ROW_SPLIT == 1), "WS_PAIR: a split's rows in one CTA, by one consumer");
 static_assert(WS_ROWS || (STAGES >= WS_CONSUMERS && STAGES % WS_CONSUMERS == 0),
               "WARP_SPEC: stages a multiple of the consumers");
 static_assert(PAGE_SIZE == 0 || PAGE_SIZE >= N || (BOXES <= 32 && 32 % BOXES == 0),
@@ -101,6 +105,49 @@ __device__ __forceinline__ void regs_up() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
 }
 }  // namespace drafter
+
+#if WS_PAIR
+// WS_PAIR: splits 2j and 2j + 1 of a (request, KV head) run as one cluster of two CTAs (the
+// kernel's __cluster_dims__). At its end the second's consumer 0 stores its rows (unnormalised
+// O, max, sum) into a buffer of the first's shared memory and arrives on the first's pair
+// barrier; the first merges them into its own and writes the output (two splits) or the pair's
+// partial (num_splits / 2 partials for the combine). No partial goes through L2 for the pair,
+// and at two splits there is no combine kernel and no gap between kernels.
+namespace drafter {
+// the address in cluster CTA `rank`'s shared memory of this CTA's shared address `addr`
+__device__ __forceinline__ unsigned cluster_addr(unsigned addr, unsigned rank) {
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+// the cluster barrier, split: every thread arrives once its CTA's barriers are set up; only the
+// threads that touch the other CTA's shared memory wait (a thread that exits counts as arrived)
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ void st_cluster_v4(unsigned addr, float4 v) {
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v.x),
+               "f"(v.y), "f"(v.z), "f"(v.w)
+               : "memory");
+}
+// one arrival on another CTA's barrier, ordering this thread's stores into its memory before it
+__device__ __forceinline__ void mbar_arrive_remote(unsigned bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// spin until phase `parity` of a barrier that another CTA's threads arrive on has completed
+__device__ __forceinline__ void mbar_wait_cluster(unsigned long long* bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nPAIR_WAIT:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra PAIR_WAIT;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+}  // namespace drafter
+#endif
 
 // Producer and consumer registers. The CTA launches with what ptxas gives every thread for one
 // CTA an SM (WS_LAUNCH_REGS: 168, 128 or 96 for 2, 3 or 4 consumers); `setmaxnreg.inc` only takes
@@ -136,6 +183,13 @@ __device__ __forceinline__ void ws_attention_body(
   unsigned long long* qbar = empty + STAGES;  // Q landed (consumer 0's threads; WS_ROWS: all)
   // [WS_CONSUMERS - 1][4][128]: the m0 m1 l0 l1 of consumers 1.. for consumer 0
   float* sML = reinterpret_cast<float*>(qbar + 1);
+#if WS_PAIR
+  // past the merge area and EARLY_IDS' 64 page ids: the pair's barrier (the second CTA's consumer
+  // 0 arrives on the first's), then [DTILES + 1][128] float4: its O fragments, then m0 m1 l0 l1
+  unsigned long long* pair_bar =
+      reinterpret_cast<unsigned long long*>(sML + (WS_CONSUMERS - 1) * 512 + (EARLY_IDS ? 64 : 0));
+  float4* pair_buf = reinterpret_cast<float4*>(pair_bar + 1);
+#endif
 
   const int split = blockIdx.x / ROW_SPLIT, num_splits = gridDim.x / ROW_SPLIT;
   const int kvh = blockIdx.y, b = blockIdx.z, batch = gridDim.z;
@@ -277,9 +331,15 @@ __device__ __forceinline__ void ws_attention_body(
       mbar_init(empty + s, 128 * Q_STAGES);  // every thread of the consumer(s) that read the stage
     }
     mbar_init(qbar, 128 * Q_STAGES);
+#if WS_PAIR
+    mbar_init(pair_bar, 128);  // the second CTA's consumer 0
+#endif
     mbar_init_fence();
   }
   __syncthreads();
+#if WS_PAIR
+  cluster_arrive_relaxed();  // this CTA's pair barrier is set up (the fence released it)
+#endif
 #if TRACE  // and when the CTA is past its barriers' set-up
   if (tid == 0) {
     TRACE_AT(12);
@@ -700,10 +760,47 @@ __device__ __forceinline__ void ws_attention_body(
     }
   }
 
+#if WS_PAIR
+  // ---- the pair's merge: the second CTA's consumer 0 hands its rows to the first's
+  if (split & 1) {
+    cluster_wait();  // the first CTA's pair barrier is set up
+    const unsigned peer = cluster_addr(smem_addr(pair_buf + ctid), 0);
+#pragma unroll
+    for (int d = 0; d < DTILES; ++d)
+      st_cluster_v4(peer + d * 128 * sizeof(float4), make_float4(o[d][0], o[d][1], o[d][2], o[d][3]));
+    st_cluster_v4(peer + DTILES * 128 * sizeof(float4), make_float4(m0, m1, l0, l1));
+    mbar_arrive_remote(cluster_addr(smem_addr(pair_bar), 0));
+    return;
+  }
+  {
+    mbar_wait_cluster(pair_bar, 0);
+    const float4 ml = pair_buf[DTILES * 128 + ctid];
+    const float mm0 = fmaxf(m0, ml.x), mm1 = fmaxf(m1, ml.y);
+    const float base0 = mm0 == -INFINITY ? 0.f : mm0, base1 = mm1 == -INFINITY ? 0.f : mm1;
+    const float a0 = fast_exp2(m0 - base0), b0 = fast_exp2(ml.x - base0);
+    const float a1 = fast_exp2(m1 - base1), b1 = fast_exp2(ml.y - base1);
+    l0 = l0 * a0 + ml.z * b0;
+    l1 = l1 * a1 + ml.w * b1;
+    m0 = mm0;
+    m1 = mm1;
+#pragma unroll
+    for (int d = 0; d < DTILES; ++d) {
+      const float4 x = pair_buf[d * 128 + ctid];
+      o[d][0] = o[d][0] * a0 + x.x * b0;
+      o[d][1] = o[d][1] * a0 + x.y * b0;
+      o[d][2] = o[d][2] * a1 + x.z * b1;
+      o[d][3] = o[d][3] * a1 + x.w * b1;
+    }
+  }
+  const int out_split = split >> 1, out_splits = num_splits >> 1;  // the pairs' partials
+#else
+  const int out_split = split, out_splits = num_splits;
+#endif
+
   // ---- epilogue (consumer 0; WS_ROWS: every consumer, its rows): the output, or this split's
   // partial and log-sum-exp
   const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-  const long long row_base = ((static_cast<long long>(split) * batch + b) * hkv + kvh) * M;
+  const long long row_base = ((static_cast<long long>(out_split) * batch + b) * hkv + kvh) * M;
 #if TRACE
   if (c == 0 && ctid == 0) TRACE_AT(10);
 #endif
@@ -712,7 +809,7 @@ __device__ __forceinline__ void ws_attention_body(
     const int r = half ? r1 : r0;
     if (r >= r_end) continue;
     const float inv = half ? inv1 : inv0;
-    if (num_splits == 1) {
+    if (out_splits == 1) {
       elem_t* dst = out + ((static_cast<long long>(b) * qb + r / group) * hq + kvh * group + r % group) * D;
 #pragma unroll
       for (int d = 0; d < DTILES; ++d)
