@@ -10,7 +10,7 @@ tables do not compile one module after another (CuTe modules take 15-30 s each).
     python scripts/precompile_gpu_matrix.py --sweep tuner/specs/sm90.toml --no-tests [--db DB]
                                                                # what a tuner sweep of a spec loads
     python scripts/precompile_gpu_matrix.py --refine profiles/sm90.json --set q_step=1 --where ws \
-        [--max-batch N] [--with-winners] --no-tests [--db DB]  # what `tuner refine` measures
+        [--max-batch N] [--min-batch N] [--with-winners] --no-tests [--db DB]  # what `tuner refine` measures
                                                                # (into DB: what it still measures)
 """
 import argparse
@@ -144,6 +144,7 @@ def main(argv=None):
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="with --refine")
     ap.add_argument("--where", action="append", default=[], metavar="NAME", help="with --refine")
     ap.add_argument("--max-batch", type=int, metavar="N", help="with --refine")
+    ap.add_argument("--min-batch", type=int, metavar="N", help="with --refine")
     ap.add_argument("--with-winners", action="store_true", help="with --refine: the winners and "
                     "their runners-up too (`tuner refine --with-winners` measures them all again, so "
                     "--db leaves none out)")
@@ -170,7 +171,7 @@ def main(argv=None):
 
         sets = parse_spec("cupy:" + ",".join(args.set))[1]
         found = refine_candidates(args.refine, sets, tuple(args.where), max_batch=args.max_batch,
-                                  with_winners=args.with_winners)[0]
+                                  with_winners=args.with_winners, min_batch=args.min_batch)[0]
         todo |= candidate_jobs(found, sm, None if args.with_winners else args.db)
     todo = sorted(j for j in todo if j is not None)
     with ProcessPoolExecutor(os.cpu_count()) as pool:

@@ -78,6 +78,18 @@ def test_max_batch_keeps_the_small_batches():
     assert cli.main(["refine", str(TABLE), "--set", "one_trip=1", "--max-batch", "8", "--dry-run"]) == 0
 
 
+def test_min_batch_keeps_the_batches_that_split_in_two():
+    """`--min-batch` with `--max-batch` (pair=1 pays only where it takes the combine away): the
+    ws winners of exactly that many requests, each with the knob, the rest left out."""
+    cands, skipped = refine_candidates(TABLE, {"pair": True}, ("ws",), max_batch=8, min_batch=8)
+    assert cands and all(c.problem.batch == 8 and c.params_dict["pair"] for c in cands)
+    eight = {(e["layout"], e["page_size"], e["batch"], e["ctx_len"], e["num_q_heads"], e["mask"])
+             for e in _winners(("ws",)) if e["batch"] == 8 and not e["params"].get("ws_rows")}
+    assert len(cands) == len(eight) and all("ws_rows" in line for line in skipped)
+    assert cli.main(["refine", str(TABLE), "--set", "pair=1", "--where", "ws", "--min-batch", "8",
+                     "--max-batch", "8", "--dry-run"]) == 0
+
+
 def test_with_winners_puts_each_winner_and_its_runners_up_right_before_its_refined_candidate():
     plain, _ = refine_candidates(TABLE, {"one_trip": True}, ("ws",), max_batch=8)
     both, _ = refine_candidates(TABLE, {"one_trip": True}, ("ws",), max_batch=8, with_winners=True)

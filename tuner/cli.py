@@ -1,7 +1,7 @@
 """The `tuner` command: sweeps into the profile database, and what it holds.
 
     tuner sweep SPEC [--db PATH]          measure a sweep spec (a TOML file, or "default")
-    tuner refine TABLE --set K=V [--where K] [--max-batch N] [--with-winners]
+    tuner refine TABLE --set K=V [--where K] [--max-batch N] [--min-batch N] [--with-winners]
                                           a tuned table's winners again with parameters changed
     tuner show [filters] [--format F]     the database's results as a table, CSV or JSON
     tuner compile --sm 90,107 | all       static compile profiles (no GPU needed)
@@ -104,7 +104,8 @@ def cmd_refine(args) -> int:
 
     overrides = parse_spec(f"{args.impl}:{','.join(args.set)}")[1]
     candidates, skipped = refine_candidates(args.table, overrides, tuple(args.where), args.impl,
-                                            args.max_batch, with_winners=args.with_winners)
+                                            args.max_batch, with_winners=args.with_winners,
+                                            min_batch=args.min_batch)
     # --with-winners: every candidate (winner, runners-up, refined) measured in this sweep,
     # whatever rows it had before
     fresh = {c.key() for c in candidates} if args.with_winners else set()
@@ -363,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=positive_int, metavar="N",
                    help="only winners of at most N requests (a knob of the split combine matters "
                    "where calls split: the small batches)")
+    p.add_argument("--min-batch", type=positive_int, metavar="N",
+                   help="only winners of at least N requests (pair=1 pays where it takes the "
+                   "combine away: the batches the split model gives two splits)")
     p.add_argument("--with-winners", action="store_true",
                    help="measure each winner and the runners-up the table lists beside it again, "
                    "right before its refined candidate (that one again too where it has a row), so "
