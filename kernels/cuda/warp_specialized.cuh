@@ -133,6 +133,13 @@ __device__ __forceinline__ void st_cluster_v4(unsigned addr, float4 v) {
                "f"(v.y), "f"(v.z), "f"(v.w)
                : "memory");
 }
+// 16 bytes into another CTA's shared memory (`addr`), completing as transaction bytes on its
+// barrier `bar`: no fence, no arrival (WS_PAIR 2)
+__device__ __forceinline__ void st_async_v4(unsigned addr, float4 v, unsigned bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n"
+               ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar)
+               : "memory");
+}
 // one arrival on another CTA's barrier, ordering this thread's stores into its memory before it
 __device__ __forceinline__ void mbar_arrive_remote(unsigned bar) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
@@ -184,8 +191,9 @@ __device__ __forceinline__ void ws_attention_body(
   // [WS_CONSUMERS - 1][4][128]: the m0 m1 l0 l1 of consumers 1.. for consumer 0
   float* sML = reinterpret_cast<float*>(qbar + 1);
 #if WS_PAIR
-  // past the merge area and EARLY_IDS' 64 page ids: the pair's barrier (the second CTA's consumer
-  // 0 arrives on the first's), then [DTILES + 1][128] float4: its O fragments, then m0 m1 l0 l1
+  // past the merge area and EARLY_IDS' 64 page ids: the pair's barrier, then what the peer hands
+  // over, O fragments and then m0 m1 l0 l1: [DTILES + 1][128] float4 (WS_PAIR 1: the second CTA's
+  // consumer 0 arrives on the first's barrier) or [DTILES + 1][64] (2: each half of the rows)
   unsigned long long* pair_bar =
       reinterpret_cast<unsigned long long*>(sML + (WS_CONSUMERS - 1) * 512 + (EARLY_IDS ? 64 : 0));
   float4* pair_buf = reinterpret_cast<float4*>(pair_bar + 1);
@@ -331,10 +339,15 @@ __device__ __forceinline__ void ws_attention_body(
       mbar_init(empty + s, 128 * Q_STAGES);  // every thread of the consumer(s) that read the stage
     }
     mbar_init(qbar, 128 * Q_STAGES);
-#if WS_PAIR
+#if WS_PAIR == 1
     mbar_init(pair_bar, 128);  // the second CTA's consumer 0
+#elif WS_PAIR == 2
+    mbar_init(pair_bar, 1);  // this arrival below and the peer's half of the rows in bytes
 #endif
     mbar_init_fence();
+#if WS_PAIR == 2
+    mbar_arrive_expect_tx(pair_bar, (DTILES + 1) * 64 * sizeof(float4));
+#endif
   }
   __syncthreads();
 #if WS_PAIR
@@ -760,7 +773,27 @@ __device__ __forceinline__ void ws_attention_body(
     }
   }
 
-#if WS_PAIR
+#if WS_PAIR == 2
+  // ---- the pair's merge, rows dealt: the first CTA keeps rows 0-31 (consumer warps 0 and 1), the
+  // second rows 32-63; each sends the other's half with st.async, which completes on the peer's
+  // pair barrier as bytes, and merges and stores its own half
+  const int slot = ctid & 63;
+  if ((cwarp < 2) == ((split & 1) != 0)) {
+    cluster_wait();  // the peer's pair barrier is set up
+    const unsigned peer = (split & 1) ^ 1;
+    const unsigned dst = cluster_addr(smem_addr(pair_buf + slot), peer);
+    const unsigned bar = cluster_addr(smem_addr(pair_bar), peer);
+#pragma unroll
+    for (int d = 0; d < DTILES; ++d)
+      st_async_v4(dst + d * 64 * sizeof(float4), make_float4(o[d][0], o[d][1], o[d][2], o[d][3]), bar);
+    st_async_v4(dst + DTILES * 64 * sizeof(float4), make_float4(m0, m1, l0, l1), bar);
+    return;
+  }
+  {
+    mbar_wait_cluster(pair_bar, 0);
+    const float4 ml = pair_buf[DTILES * 64 + slot];
+#define PAIR_AT(d) pair_buf[(d) * 64 + slot]
+#elif WS_PAIR == 1
   // ---- the pair's merge: the second CTA's consumer 0 hands its rows to the first's
   if (split & 1) {
     cluster_wait();  // the first CTA's pair barrier is set up
@@ -775,6 +808,9 @@ __device__ __forceinline__ void ws_attention_body(
   {
     mbar_wait_cluster(pair_bar, 0);
     const float4 ml = pair_buf[DTILES * 128 + ctid];
+#define PAIR_AT(d) pair_buf[(d) * 128 + ctid]
+#endif
+#if WS_PAIR
     const float mm0 = fmaxf(m0, ml.x), mm1 = fmaxf(m1, ml.y);
     const float base0 = mm0 == -INFINITY ? 0.f : mm0, base1 = mm1 == -INFINITY ? 0.f : mm1;
     const float a0 = fast_exp2(m0 - base0), b0 = fast_exp2(ml.x - base0);
@@ -785,7 +821,7 @@ __device__ __forceinline__ void ws_attention_body(
     m1 = mm1;
 #pragma unroll
     for (int d = 0; d < DTILES; ++d) {
-      const float4 x = pair_buf[d * 128 + ctid];
+      const float4 x = PAIR_AT(d);
       o[d][0] = o[d][0] * a0 + x.x * b0;
       o[d][1] = o[d][1] * a0 + x.y * b0;
       o[d][2] = o[d][2] * a1 + x.z * b1;
