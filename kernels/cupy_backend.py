@@ -112,11 +112,11 @@ class Params:
     # each warp's first 4 partial rows in one round trip (16 splits a CTA a row, 4 a warp a row;
     # then 4 a trip), the weights made once both have landed, and addresses its output in 32-bit
     # divisions (combine_store.cuh COMBINE_ONE_TRIP)
-    pair: int = 0  # ws only: splits 2j and 2j + 1 run as one cluster of two CTAs that merge their
-    # rows at the end through shared memory, so only the pairs' partials (none at two splits: no
-    # combine kernel) go through L2; an even split count. 1: the second hands all its rows to
-    # the first (stores, a fence, an arrival); 2: each hands the other half of its rows by
-    # st.async and stores its own half (warp_specialized.cuh WS_PAIR; `ws_knobs_reason`)
+    pair: bool = False  # ws only: splits 2j and 2j + 1 run as one cluster of two CTAs that merge
+    # their rows at the end through shared memory, each sending the other the half of the rows
+    # it keeps (st.async) and storing its own half, so only the pairs' partials (none at two
+    # splits: no combine kernel) go through L2; an even split count (warp_specialized.cuh
+    # WS_PAIR; `ws_knobs_reason`)
 
     @property
     def tensor_maps(self) -> bool:
@@ -185,18 +185,17 @@ def tma_bytes(stages: int, warps: int) -> int:
 
 
 def ws_bytes(tile_n: int, stages: int, head_dim: int, consumers: int,
-             early_ids: bool = False, ws_rows: bool = False, pair: int = 0) -> int:
+             early_ids: bool = False, ws_rows: bool = False, pair: bool = False) -> int:
     """Shared memory of the warp-specialised kernel (`ws`, warp_specialized.cuh): the K and V
     stages, the Q stage (64 rows; with `ws_rows` one a consumer), a full and an empty barrier a
     stage and Q's, 2 KB for the row maxima and sums each consumer but the first hands it (their O
     goes through their last stages), with `early_ids` the 64 page ids the producer copies
-    first, and with `pair` the pair's barrier and the buffer the peer CTA writes its rows' fp32
-    O, maxima and sums into: (head_dim / 8 + 1) float4 a thread, 128 threads (pair 1: all 64
-    rows) or 64 (pair 2: half)."""
+    first, and with `pair` the pair's barrier and the buffer the peer CTA writes the 32 rows this
+    one keeps into (fp32 O, maxima and sums: head_dim / 8 + 1 float4 for each of 64 threads)."""
     q_stages = consumers if ws_rows else 1
     return (2 * stages * tile_n * head_dim * 2 + q_stages * 64 * head_dim * 2 + stages * 16 + 8
             + (consumers - 1) * 4 * 128 * 4 + (64 * 4 if early_ids else 0)
-            + (8 + (head_dim // 8 + 1) * (128 if pair == 1 else 64) * 16 if pair else 0))
+            + (8 + (head_dim // 8 + 1) * 64 * 16 if pair else 0))
 
 
 def ws_threads(consumers: int) -> int:
@@ -360,8 +359,6 @@ def ws_knobs_reason(params: Params) -> str | None:
         return "ws_overlap=1 pipelines the warp-specialised kernel's consumers (ws=2..4)"
     if params.ws_overlap and not params.lean:
         return "ws_overlap=1 pipelines the lean consumer loop: it needs lean=1 (ws's default)"
-    if params.pair not in (0, 1, 2):
-        return f"pair={params.pair}: 1 or 2 (0: off)"
     if params.pair and not params.ws:
         return "pair=1 merges split pairs of the warp-specialised kernel (ws=2..4)"
     if params.pair and (params.ws_rows or params.row_split != 1):
@@ -727,7 +724,7 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "ws_overlap": [False, True],
         "q_step": [False, True],
         "one_trip": [False, True],
-        "pair": [0, 1, 2],
+        "pair": [False, True],
     }
 
 
@@ -805,7 +802,7 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
     if params.q_step:
         defines["Q_STEP"] = 1
     if params.pair:  # named only when on: the other ws variants keep their defines
-        defines["WS_PAIR"] = params.pair
+        defines["WS_PAIR"] = 1
     return defines
 
 
@@ -891,7 +888,7 @@ def module_smem(defines: dict[str, int]) -> int:
     if defines.get("WARP_SPEC", 0):
         return ws_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
                         defines["WS_CONSUMERS"], bool(defines.get("EARLY_IDS", 0)),
-                        bool(defines.get("WS_ROWS", 0)), defines.get("WS_PAIR", 0))
+                        bool(defines.get("WS_ROWS", 0)), bool(defines.get("WS_PAIR", 0)))
     return pipelined_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
                            defines["NUM_WARPS"], bool(defines["WGMMA"]), defines.get("OVERLAP", 0),
                            bool(defines["Q_SMEM"]), defines["PAGE_SIZE"] or None,
@@ -1365,7 +1362,7 @@ class CupyBackend:
         return choose_splits(dims.batch * row_split, dims.num_kv_heads, kv_tokens, params.tile_n,
                              num_sms, resident,
                              rows=cta_rows(dims.block_size, dims.group, row_split),
-                             pairs=bool(getattr(params, "pair", 0)))
+                             pairs=getattr(params, "pair", False))
 
     def _plan_attention(self, key, dims, layout, args) -> AttentionPlan:
         q, _, _, k_cache, v_cache, table, _, out = args
@@ -1378,7 +1375,7 @@ class CupyBackend:
                                      dims.block_size, dims.group, p)
         splits = self.plan_splits(dims, p, q.device)
         # the partials the combine merges: with `pair` one a split pair (none at two splits)
-        parts = splits // 2 if getattr(p, "pair", 0) else splits
+        parts = splits // 2 if getattr(p, "pair", False) else splits
         rows = dims.block_size * dims.group
         part_elems, lse_elems = partial_elems(dims.batch, dims.num_kv_heads, rows, dims.head_dim,
                                               parts)

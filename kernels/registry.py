@@ -265,7 +265,6 @@ PARAM_RANGES = {
     "num_splits": (0, 128, False),
     "min_ctas": (1, 32, False),
     "combine": (1, 2, False),
-    "pair": (0, 2, False),
 }
 _TYPE_NAMES = {"int": int, "bool": bool, "None": type(None)}
 

@@ -39,9 +39,9 @@ pytestmark = pytest.mark.gpu
 # the splits with a warp a row (every SM; the tests' shapes pack at most 1024 rows a call, where
 # "cupy" merges a CTA a row), "one_trip=1" either combine with its lse values and first partials
 # read in one round trip (16 splits a CTA a row, 4 a warp a row, then 4 a trip: the forced split
-# counts' 40 take several); "pair=1" runs ws split pairs as clusters of two CTAs, the second
-# handing its rows to the first through shared memory ("pair=2": each the other's half, by
-# st.async; no combine at two splits, half the partials above; odd forced counts refused);
+# counts' 40 take several); "pair=1" runs ws split pairs as clusters of two CTAs, each handing
+# the other the half of the rows it keeps through shared memory (st.async; no combine at two
+# splits, half the partials above; odd forced counts refused);
 # "cutlass" is the CuTe
 # port of the same algorithm (mma.sync), "cutlass:wgmma=1" its warpgroup-MMA path on sm_90 where
 # the shape allows. `cupy:wgmma=1` on CTAs that are not whole warpgroups (laguna's 9 warps padded
@@ -57,7 +57,6 @@ BACKENDS = ["cupy", "cupy:wgmma=0", "cupy:overlap=1", "cupy:overlap=2", "cupy:tm
             "cupy:combine=1", "cupy:one_trip=1", "cupy:combine=1,one_trip=1",
             "cupy:ws=3,tile_n=32,stages=9,early_ids=1,q_step=1,one_trip=1",
             "cupy:ws=3,tile_n=32,stages=6,early_ids=1,one_trip=1,pair=1", "cupy:ws=2,stages=4,pair=1",
-            "cupy:ws=3,tile_n=32,stages=6,early_ids=1,one_trip=1,pair=2", "cupy:ws=2,stages=4,pair=2",
             "cutlass", "cutlass:wgmma=1"]
 
 

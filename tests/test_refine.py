@@ -81,12 +81,12 @@ def test_max_batch_keeps_the_small_batches():
 def test_min_batch_keeps_the_batches_that_split_in_two():
     """`--min-batch` with `--max-batch` (pair=1 pays only where it takes the combine away): the
     ws winners of exactly that many requests, each with the knob, the rest left out."""
-    cands, skipped = refine_candidates(TABLE, {"pair": 2}, ("ws",), max_batch=8, min_batch=8)
+    cands, skipped = refine_candidates(TABLE, {"pair": True}, ("ws",), max_batch=8, min_batch=8)
     assert cands and all(c.problem.batch == 8 and c.params_dict["pair"] for c in cands)
     eight = {(e["layout"], e["page_size"], e["batch"], e["ctx_len"], e["num_q_heads"], e["mask"])
              for e in _winners(("ws",)) if e["batch"] == 8 and not e["params"].get("ws_rows")}
     assert len(cands) == len(eight) and all("ws_rows" in line for line in skipped)
-    assert cli.main(["refine", str(TABLE), "--set", "pair=2", "--where", "ws", "--min-batch", "8",
+    assert cli.main(["refine", str(TABLE), "--set", "pair=1", "--where", "ws", "--min-batch", "8",
                      "--max-batch", "8", "--dry-run"]) == 0
 
 

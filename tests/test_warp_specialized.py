@@ -326,41 +326,39 @@ def test_ws_overlap_compiles_unserialised_without_spills(cache_dir, spec, preset
     assert "serialized" not in res.log and "ptxas info" in res.log
 
 
-@pytest.mark.parametrize("version,threads", [(1, 128), (2, 64)])
-def test_pair_is_wss_and_named_only_when_on(version, threads):
+def test_pair_is_wss_and_named_only_when_on():
     """`pair` (opt-in): the WS_PAIR define on a ws variant, the others keeping their defines, and
-    shared memory for the pair's barrier and the peer's rows (fp32 O, maxima, sums; pair=1 all
-    64 rows, a float4 a fragment for each of 128 threads, pair=2 half); refused, with the
-    reason, without ws, with rows dealt over CTAs or consumers, and at an odd forced split
-    count."""
+    shared memory for the pair's barrier and the 32 rows the peer sends (fp32 O, maxima, sums: a
+    float4 a fragment for each of 64 threads); refused, with the reason, without ws, with rows
+    dealt over CTAs or consumers, and at an odd forced split count."""
     plain = registry.from_spec("cupy:ws=3,tile_n=32,early_ids=1").params_for(_problem(), 90)
-    pair = registry.from_spec(f"cupy:ws=3,tile_n=32,early_ids=1,pair={version}").params_for(_problem(), 90)
+    pair = registry.from_spec("cupy:ws=3,tile_n=32,early_ids=1,pair=1").params_for(_problem(), 90)
     d0 = cb.variant_defines("bfloat16", 128, 64, 16, 4, plain, 90)
-    assert cb.variant_defines("bfloat16", 128, 64, 16, 4, pair, 90) == {**d0, "WS_PAIR": version}
+    assert cb.variant_defines("bfloat16", 128, 64, 16, 4, pair, 90) == {**d0, "WS_PAIR": 1}
     for head_dim in (64, 128):
         extra = pair.smem_bytes(head_dim, 4, True, 64) - plain.smem_bytes(head_dim, 4, True, 64)
-        assert extra == 8 + threads * 16 * (head_dim // 8 + 1)
-    assert cb.module_smem({**d0, "WS_PAIR": version}) == pair.smem_bytes(128, 4, True, 64)
+        assert extra == 8 + 64 * 16 * (head_dim // 8 + 1)
+    assert cb.module_smem({**d0, "WS_PAIR": 1}) == pair.smem_bytes(128, 4, True, 64)
     for spec, preset, words in (("cupy:pair=1", MAIN_PRESET, "ws=2..4"),
                                 ("cupy:ws=3,ws_rows=1,pair=1", "laguna-dflash", "ws_rows"),
                                 ("cupy:ws=3,tile_n=32,pair=1", "laguna-dflash", "row_split"),
                                 ("cupy:ws=3,tile_n=32,pair=1,num_splits=3", MAIN_PRESET, "odd")):
         assert words in registry.from_spec(spec).supports(_problem(preset), 90), spec
     assert registry.from_spec("cupy:ws=3,tile_n=32,pair=1,num_splits=4").supports(_problem(), 90) is None
-    assert cb.tunables()["pair"] == [0, 1, 2]
+    assert cb.tunables()["pair"] == [False, True]
 
 
 @pytest.mark.parametrize("spec,preset,page", [("ws=3,tile_n=32,stages=6,early_ids=1,one_trip=1", MAIN_PRESET, 64),
-                                              ("ws=3,tile_n=32,stages=9,q_step=1", MAIN_PRESET, None),
+                                              ("ws=3,tile_n=32,stages=9,early_ids=1,q_step=1", MAIN_PRESET, None),
                                               ("ws=2,stages=4", "gpt-oss-20b-dflash", 16)])
 def test_pair_compiles_without_spills_and_meets_its_peer_in_the_cluster(cache_dir, spec, preset, page):
-    """The paired variants compile for sm_90a without spills, with the cluster barrier's arrive
-    and wait, which the unpaired build has none of; pair=1 fences its stores into the peer's
-    shared memory (MEMBAR.ALL.GPU, the release of its arrival there), pair=2 sends them by
-    st.async (STAS), with no fence; the tile loop is the unpaired one's (as many wgmmas)."""
+    """The paired variant compiles for sm_90a without spills (the arena's early ids beside it
+    included), with the cluster barrier's arrive and wait, which the unpaired build has none
+    of, and sends the peer's rows by st.async (STAS, a fragment and the maxima and sums), with
+    no fence at GPU scope; the tile loop is the unpaired one's (as many wgmmas)."""
     g = get_preset(preset)
     counts = {}
-    for extra in ("", ",pair=1", ",pair=2"):
+    for extra in ("", ",pair=1"):
         p = registry.from_spec(f"cupy:{spec}{extra}").params_for(_problem(preset, page=page), 90)
         res = cb.compile_variant(cb.variant_defines("bfloat16", g.head_dim, page, g.block_size, g.group,
                                                     p, 90), 90)
@@ -369,8 +367,7 @@ def test_pair_compiles_without_spills_and_meets_its_peer_in_the_cluster(cache_di
         counts[extra] = {op: len(re.findall(op, sass))
                          for op in ("UCGABAR_ARV", "UCGABAR_WAIT", "HGMMA", "MEMBAR.ALL.GPU", "STAS")}
     assert counts[""]["UCGABAR_ARV"] == counts[""]["UCGABAR_WAIT"] == counts[""]["STAS"] == 0
-    for version in (",pair=1", ",pair=2"):
-        assert counts[version]["UCGABAR_ARV"] == counts[version]["UCGABAR_WAIT"] == 1
-        assert counts[version]["HGMMA"] == counts[""]["HGMMA"]
-    assert counts[",pair=1"]["MEMBAR.ALL.GPU"] == 1 and counts[",pair=1"]["STAS"] == 0
-    assert counts[",pair=2"]["MEMBAR.ALL.GPU"] == 0 and counts[",pair=2"]["STAS"] == g.head_dim // 8 + 1
+    paired = counts[",pair=1"]
+    assert paired["UCGABAR_ARV"] == paired["UCGABAR_WAIT"] == 1
+    assert paired["HGMMA"] == counts[""]["HGMMA"]
+    assert paired["MEMBAR.ALL.GPU"] == 0 and paired["STAS"] == g.head_dim // 8 + 1

@@ -56,7 +56,7 @@
 #define WS_OVERLAP 0  // a consumer's P V of one tile under the S = Q K^T of its next (`ws_overlap`)
 #endif
 #ifndef WS_PAIR
-#define WS_PAIR 0  // split pairs as clusters of two, merged in the first's shared memory (`pair`)
+#define WS_PAIR 0  // split pairs as clusters of two, merged through shared memory (`pair`)
 #endif
 namespace {
 constexpr int WS_THREADS = 128 * (1 + WS_CONSUMERS);
@@ -72,7 +72,8 @@ __device__ __forceinline__ int q_off(int row, int col) {
   const int c = col >> 3;
   return (c >> 3) * 64 * 64 + row * 64 + (((c & 7) ^ (row & 7)) << 3);
 }
-static_assert(!WS_PAIR || (!WS_ROWS && ROW_SPLIT == 1), "WS_PAIR: a split's rows in one CTA, by one consumer");
+static_assert(!WS_PAIR || (!WS_ROWS && ROW_SPLIT == 1),
+              "WS_PAIR: a split's rows in one CTA, merged by one consumer");
 static_assert(WS_ROWS || (STAGES >= WS_CONSUMERS && STAGES % WS_CONSUMERS == 0),
               "WARP_SPEC: stages a multiple of the consumers");
 static_assert(PAGE_SIZE == 0 || PAGE_SIZE >= N || (BOXES <= 32 && 32 % BOXES == 0),
@@ -108,11 +109,14 @@ __device__ __forceinline__ void regs_up() {
 
 #if WS_PAIR
 // WS_PAIR: splits 2j and 2j + 1 of a (request, KV head) run as one cluster of two CTAs (the
-// kernel's __cluster_dims__). At its end the second's consumer 0 stores its rows (unnormalised
-// O, max, sum) into a buffer of the first's shared memory and arrives on the first's pair
-// barrier; the first merges them into its own and writes the output (two splits) or the pair's
-// partial (num_splits / 2 partials for the combine). No partial goes through L2 for the pair,
-// and at two splits there is no combine kernel and no gap between kernels.
+// kernel's __cluster_dims__). At the end each CTA's consumer 0 sends the rows the other keeps
+// (unnormalised O, max, sum: the first keeps rows 0-31, the second 32-63) into the other's shared
+// memory by st.async, which completes there as transaction bytes on its pair barrier, then
+// merges what it received into the rows it keeps and writes them: to the output (two splits) or
+// as the pair's partial (num_splits / 2 partials for the combine). No partial goes through L2
+// for the pair, and at two splits there is no combine kernel and no gap between kernels.
+// (Measured on the H200: the second CTA handing all 64 rows to the first by stores, a fence and
+// an arrival was 1.6 us slower at B=8 8k; results/perf-notes.md.)
 namespace drafter {
 // the address in cluster CTA `rank`'s shared memory of this CTA's shared address `addr`
 __device__ __forceinline__ unsigned cluster_addr(unsigned addr, unsigned rank) {
@@ -128,21 +132,13 @@ __device__ __forceinline__ void cluster_arrive_relaxed() {
 __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
 }
-__device__ __forceinline__ void st_cluster_v4(unsigned addr, float4 v) {
-  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v.x),
-               "f"(v.y), "f"(v.z), "f"(v.w)
-               : "memory");
-}
 // 16 bytes into another CTA's shared memory (`addr`), completing as transaction bytes on its
-// barrier `bar`: no fence, no arrival (WS_PAIR 2)
+// barrier `bar`: no fence, no arrival
 __device__ __forceinline__ void st_async_v4(unsigned addr, float4 v, unsigned bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n"
-               ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar)
-               : "memory");
-}
-// one arrival on another CTA's barrier, ordering this thread's stores into its memory before it
-__device__ __forceinline__ void mbar_arrive_remote(unsigned bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n"
+      ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar)
+      : "memory");
 }
 // spin until phase `parity` of a barrier that another CTA's threads arrive on has completed
 __device__ __forceinline__ void mbar_wait_cluster(unsigned long long* bar, unsigned parity) {
@@ -191,9 +187,8 @@ __device__ __forceinline__ void ws_attention_body(
   // [WS_CONSUMERS - 1][4][128]: the m0 m1 l0 l1 of consumers 1.. for consumer 0
   float* sML = reinterpret_cast<float*>(qbar + 1);
 #if WS_PAIR
-  // past the merge area and EARLY_IDS' 64 page ids: the pair's barrier, then what the peer hands
-  // over, O fragments and then m0 m1 l0 l1: [DTILES + 1][128] float4 (WS_PAIR 1: the second CTA's
-  // consumer 0 arrives on the first's barrier) or [DTILES + 1][64] (2: each half of the rows)
+  // past the merge area and EARLY_IDS' 64 page ids: the pair's barrier, then the peer's half of
+  // the rows, O fragments and then m0 m1 l0 l1: [DTILES + 1][64] float4
   unsigned long long* pair_bar =
       reinterpret_cast<unsigned long long*>(sML + (WS_CONSUMERS - 1) * 512 + (EARLY_IDS ? 64 : 0));
   float4* pair_buf = reinterpret_cast<float4*>(pair_bar + 1);
@@ -339,13 +334,11 @@ __device__ __forceinline__ void ws_attention_body(
       mbar_init(empty + s, 128 * Q_STAGES);  // every thread of the consumer(s) that read the stage
     }
     mbar_init(qbar, 128 * Q_STAGES);
-#if WS_PAIR == 1
-    mbar_init(pair_bar, 128);  // the second CTA's consumer 0
-#elif WS_PAIR == 2
+#if WS_PAIR
     mbar_init(pair_bar, 1);  // this arrival below and the peer's half of the rows in bytes
 #endif
     mbar_init_fence();
-#if WS_PAIR == 2
+#if WS_PAIR
     mbar_arrive_expect_tx(pair_bar, (DTILES + 1) * 64 * sizeof(float4));
 #endif
   }
@@ -773,15 +766,14 @@ __device__ __forceinline__ void ws_attention_body(
     }
   }
 
-#if WS_PAIR == 2
+#if WS_PAIR
   // ---- the pair's merge, rows dealt: the first CTA keeps rows 0-31 (consumer warps 0 and 1), the
-  // second rows 32-63; each sends the other's half with st.async, which completes on the peer's
-  // pair barrier as bytes, and merges and stores its own half
-  const int slot = ctid & 63;
+  // second rows 32-63; each sends the other's half and merges and stores its own
+  const int pslot = ctid & 63;
   if ((cwarp < 2) == ((split & 1) != 0)) {
     cluster_wait();  // the peer's pair barrier is set up
     const unsigned peer = (split & 1) ^ 1;
-    const unsigned dst = cluster_addr(smem_addr(pair_buf + slot), peer);
+    const unsigned dst = cluster_addr(smem_addr(pair_buf + pslot), peer);
     const unsigned bar = cluster_addr(smem_addr(pair_bar), peer);
 #pragma unroll
     for (int d = 0; d < DTILES; ++d)
@@ -791,26 +783,7 @@ __device__ __forceinline__ void ws_attention_body(
   }
   {
     mbar_wait_cluster(pair_bar, 0);
-    const float4 ml = pair_buf[DTILES * 64 + slot];
-#define PAIR_AT(d) pair_buf[(d) * 64 + slot]
-#elif WS_PAIR == 1
-  // ---- the pair's merge: the second CTA's consumer 0 hands its rows to the first's
-  if (split & 1) {
-    cluster_wait();  // the first CTA's pair barrier is set up
-    const unsigned peer = cluster_addr(smem_addr(pair_buf + ctid), 0);
-#pragma unroll
-    for (int d = 0; d < DTILES; ++d)
-      st_cluster_v4(peer + d * 128 * sizeof(float4), make_float4(o[d][0], o[d][1], o[d][2], o[d][3]));
-    st_cluster_v4(peer + DTILES * 128 * sizeof(float4), make_float4(m0, m1, l0, l1));
-    mbar_arrive_remote(cluster_addr(smem_addr(pair_bar), 0));
-    return;
-  }
-  {
-    mbar_wait_cluster(pair_bar, 0);
-    const float4 ml = pair_buf[DTILES * 128 + ctid];
-#define PAIR_AT(d) pair_buf[(d) * 128 + ctid]
-#endif
-#if WS_PAIR
+    const float4 ml = pair_buf[DTILES * 64 + pslot];
     const float mm0 = fmaxf(m0, ml.x), mm1 = fmaxf(m1, ml.y);
     const float base0 = mm0 == -INFINITY ? 0.f : mm0, base1 = mm1 == -INFINITY ? 0.f : mm1;
     const float a0 = fast_exp2(m0 - base0), b0 = fast_exp2(ml.x - base0);
@@ -821,7 +794,7 @@ __device__ __forceinline__ void ws_attention_body(
     m1 = mm1;
 #pragma unroll
     for (int d = 0; d < DTILES; ++d) {
-      const float4 x = PAIR_AT(d);
+      const float4 x = pair_buf[d * 64 + pslot];
       o[d][0] = o[d][0] * a0 + x.x * b0;
       o[d][1] = o[d][1] * a0 + x.y * b0;
       o[d][2] = o[d][2] * a1 + x.z * b1;
