@@ -99,6 +99,27 @@ def test_a_code_edit_leaves_the_rows_that_ran_it_stale(tmp_path):
     assert "stay stale" in rekey.summary_text(s)
 
 
+def test_a_candidate_measured_twice_moves_with_both_rows(tmp_path):
+    """`tuner refine --with-winners` measures a candidate again on the same sources: both rows
+    move (the export then takes the newer), and complete_params fills in both; a row measured
+    on today's sources before the rekey still stands against the old ones."""
+    root, old_hash = _old_package(tmp_path, lambda t: t.update(
+        {"drafter_attention.cu": "// a comment\n" + t["drafter_attention.cu"]}))
+    twice = [dict(params=PARAMS, median_us=90.0), dict(params=PARAMS, median_us=80.0)]
+    path = _db(tmp_path, old_hash, twice)
+    s = rekey.rekey(path, root, old_hash, jobs=2)
+    assert (s["moved"], s["stale"]) == (2, 0)
+    assert set(_hashes(path).values()) == {nvrtc.sources_digest()}
+    c = rekey.complete_params(path)
+    assert c["completed"] == 2 and c["kept"] == 0
+    with ProfileDB(path, create=False) as db:
+        keys = {r["candidate_key"] for r in db.query("SELECT candidate_key FROM results")}
+    assert len(keys) == 1
+    entries = export_table(path, [90], resolve_commits=False,
+                           sources_hash=nvrtc.sources_digest())["entries"]
+    assert [e["median_us"] for e in entries] == [80.0]
+
+
 def test_rows_of_a_row_that_no_longer_compiles_stay_stale(tmp_path):
     """A parameter today's kernels refuse (tile_n 48) is an error, never 'unchanged'."""
     root, old_hash = _old_package(tmp_path, lambda t: t.update(

@@ -103,12 +103,15 @@ def rekey(db_path, old_root: Path, old_hash: str, *, new_hash: str | None = None
             for env in db.query("SELECT * FROM environments WHERE sources_hash = ?", (old_hash,)):
                 fp = {**json.loads(env["fingerprint"]), "sources_hash": new_hash}
                 targets[env["env_id"]] = db.add_environment(fp)
+            # keys measured again on today's sources before this run: those rows stand. Every
+            # row of a key measured more than once on the old sources moves (`tuner refine
+            # --with-winners` measures a candidate again; the export takes its newest row).
+            before = _keys_on(db, set(targets.values()))
             moved = 0
             for r in same:
                 target = targets[r["env_id"]]
-                if db.query("SELECT 1 FROM results WHERE env_id = ? AND candidate_key = ?",
-                            (target, r["candidate_key"])):
-                    continue  # measured again on today's sources already: that row stands
+                if (target, r["candidate_key"]) in before:
+                    continue
                 db.conn.execute("UPDATE results SET env_id = ? WHERE id = ?", (target, r["id"]))
                 moved += 1
             summary["moved"] = moved
@@ -118,13 +121,19 @@ def rekey(db_path, old_root: Path, old_hash: str, *, new_hash: str | None = None
     return summary
 
 
+def _keys_on(db, env_ids) -> set[tuple[str, str]]:
+    """(environment, candidate key) of every row of these environments."""
+    return {(r["env_id"], r["candidate_key"]) for env in env_ids for r in db.query(
+        "SELECT env_id, candidate_key FROM results WHERE env_id = ?", (env,))}
+
+
 def complete_params(db_path, *, dry_run: bool = False) -> dict:
     """Fill in, on the rows measured on today's kernel sources, every parameter their backend
     has today that their resolved parameters lack, with the value today's package resolves from
     the row's own parameters (`with_params(**row).params_for(problem, sm)`, as
     tuner/kernel_digests.py compiles the row), and re-key them as today's sweeps key that
-    candidate. A row whose completed key another row of its environment already holds is left
-    as it is. Returns {"completed": rows, "added": {parameter: rows}, "kept": rows}."""
+    candidate. A row whose completed key another row of its environment held before this run is
+    left as it is; rows of one key (a candidate measured again) are all completed. Returns {"completed": rows, "added": {parameter: rows}, "kept": rows}."""
     import dataclasses
 
     from drafter_attn.kernels import nvrtc, registry
@@ -161,9 +170,9 @@ def complete_params(db_path, *, dry_run: bool = False) -> dict:
             out["added"] = dict(Counter(k for *_, m in updates for k in m))
             return out
         with db.transaction():
+            before = _keys_on(db, {r["env_id"] for r, *_ in updates})
             for r, done, key, missing in updates:
-                if db.query("SELECT 1 FROM results WHERE env_id = ? AND candidate_key = ?",
-                            (r["env_id"], key)):
+                if (r["env_id"], key) in before:
                     out["kept"] += 1
                     continue
                 db.conn.execute("UPDATE results SET params = ?, candidate_key = ? WHERE id = ?",
