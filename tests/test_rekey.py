@@ -111,10 +111,32 @@ def test_a_candidate_measured_twice_moves_with_both_rows(tmp_path):
     assert (s["moved"], s["stale"]) == (2, 0)
     assert set(_hashes(path).values()) == {nvrtc.sources_digest()}
     c = rekey.complete_params(path)
-    assert c["completed"] == 2 and c["kept"] == 0
+    assert c["completed"] == 2
     with ProfileDB(path, create=False) as db:
         keys = {r["candidate_key"] for r in db.query("SELECT candidate_key FROM results")}
     assert len(keys) == 1
+    entries = export_table(path, [90], resolve_commits=False,
+                           sources_hash=nvrtc.sources_digest())["entries"]
+    assert [e["median_us"] for e in entries] == [80.0]
+
+
+def test_complete_params_completes_a_row_whose_candidate_has_a_complete_row(tmp_path):
+    """A candidate measured again after the first completion (or moved in by a later rekey)
+    with the parameter missing: completed all the same, so the key's rows are one candidate and
+    the export takes the newest."""
+    from drafter_attn.kernels import registry
+    from drafter_attn.kernels.presets import PRESETS
+    from drafter_attn.kernels.spec import Problem
+
+    problem = Problem(PRESETS["qwen3-8b-dflash-b16"], "paged", 64, 8, 2048)
+    full = registry.resolve_params(registry.get("cupy"), problem, 90, PARAMS)
+    path = _db(tmp_path, nvrtc.sources_digest(), [dict(params=full, median_us=90.0),
+                                                  dict(params=PARAMS, median_us=80.0)])
+    assert rekey.complete_params(path)["completed"] == 1
+    with ProfileDB(path, create=False) as db:
+        rows = db.query("SELECT params, candidate_key FROM results")
+    assert len({r["candidate_key"] for r in rows}) == 1
+    assert all(json.loads(r["params"]) == full for r in rows)
     entries = export_table(path, [90], resolve_commits=False,
                            sources_hash=nvrtc.sources_digest())["entries"]
     assert [e["median_us"] for e in entries] == [80.0]
@@ -198,7 +220,7 @@ def test_complete_params_fills_a_parameter_added_since(tmp_path):
     dry = rekey.complete_params(path, dry_run=True)
     assert dry["completed"] == 2 and dry["added"] == added
     s = rekey.complete_params(path)
-    assert s["completed"] == 2 and s["added"] == added and s["kept"] == 0
+    assert s["completed"] == 2 and s["added"] == added
     with ProfileDB(path, create=False) as db:
         rows = db.query("SELECT * FROM results WHERE impl = 'cupy' ORDER BY batch")
     # `overlap` named, so the defaults' TMA and lean rules do not apply: tma=False, lean=False,

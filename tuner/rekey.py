@@ -132,14 +132,17 @@ def complete_params(db_path, *, dry_run: bool = False) -> dict:
     has today that their resolved parameters lack, with the value today's package resolves from
     the row's own parameters (`with_params(**row).params_for(problem, sm)`, as
     tuner/kernel_digests.py compiles the row), and re-key them as today's sweeps key that
-    candidate. A row whose completed key another row of its environment held before this run is
-    left as it is; rows of one key (a candidate measured again) are all completed. Returns {"completed": rows, "added": {parameter: rows}, "kept": rows}."""
+    candidate. Every such row is completed, also where another row already holds that key (a
+    candidate measured again, before or after the parameter came): the export takes the newest
+    row of each candidate, so an old row completed never displaces a newer one, and one left
+    incomplete would compete as a candidate of its own. Returns {"completed": rows, "added":
+    {parameter: rows}}."""
     import dataclasses
 
     from drafter_attn.kernels import nvrtc, registry
     from drafter_attn.kernels.spec import Geometry, Problem
 
-    out = {"completed": 0, "added": Counter(), "kept": 0, "dry_run": dry_run}
+    out = {"completed": 0, "added": Counter(), "dry_run": dry_run}
     sql = _ROW_SQL.replace("r.ctx_len", "r.ctx_len, r.problem_key, r.accepted")
     with dbm.ProfileDB(db_path, create=False) as db:
         rows = db.query(sql, (nvrtc.sources_digest(),))
@@ -170,11 +173,7 @@ def complete_params(db_path, *, dry_run: bool = False) -> dict:
             out["added"] = dict(Counter(k for *_, m in updates for k in m))
             return out
         with db.transaction():
-            before = _keys_on(db, {r["env_id"] for r, *_ in updates})
             for r, done, key, missing in updates:
-                if (r["env_id"], key) in before:
-                    out["kept"] += 1
-                    continue
                 db.conn.execute("UPDATE results SET params = ?, candidate_key = ? WHERE id = ?",
                                 (dbm.canonical_json(done), key, r["id"]))
                 out["completed"] += 1

@@ -115,12 +115,10 @@ def cmd_rekey(args) -> int:
     except (SchemaError, subprocess.SubprocessError, RuntimeError) as exc:
         return _fail("rekey", exc)
     print("\n".join(map(summary_text, summaries)) or f"every row of {path} is on today's kernel sources")
-    if completed["completed"] or completed["kept"]:
+    if completed["completed"]:
         added = ", ".join(f"{k} ({n})" for k, n in sorted(completed["added"].items()))
         print(f"{'would complete' if args.dry_run else 'completed'} the parameters of "
-              f"{completed['completed']} rows on today's sources: {added}"
-              + (f"; {completed['kept']} left as they were (their completed candidate is "
-                 f"measured already)" if completed["kept"] else ""))
+              f"{completed['completed']} rows on today's sources: {added}")
     return 0
 
 
