@@ -25,14 +25,15 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, u
                "r"(bytes)
                : "memory");
 }
-// spin until the phase of parity `parity` has completed
+// spin until the phase of parity `parity` has completed (the wait's semantics SEM: none, the
+// CTA-scope acquire, or ".acquire.cluster", which also orders what other CTAs of the cluster
+// stored before their arrivals or as transaction bytes on it)
+#define MBAR_TRY_WAIT(SEM)                                          \
+  "{\n.reg .pred p;\nTMA_WAIT:\n"                                   \
+  "mbarrier.try_wait.parity" SEM ".shared::cta.b64 p, [%0], %1;\n" \
+  "@!p bra TMA_WAIT;\n}\n"
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nTMA_WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra TMA_WAIT;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
+  asm volatile(MBAR_TRY_WAIT("") ::"r"(smem_addr(bar)), "r"(parity) : "memory");
 }
 __device__ __forceinline__ void tma_prefetch_map(const TmaMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");

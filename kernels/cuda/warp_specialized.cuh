@@ -140,14 +140,9 @@ __device__ __forceinline__ void st_async_v4(unsigned addr, float4 v, unsigned ba
       ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar)
       : "memory");
 }
-// spin until phase `parity` of a barrier that another CTA's threads arrive on has completed
+// spin until phase `parity` of a barrier that the other CTA's st.async completes has completed
 __device__ __forceinline__ void mbar_wait_cluster(unsigned long long* bar, unsigned parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nPAIR_WAIT:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra PAIR_WAIT;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
+  asm volatile(MBAR_TRY_WAIT(".acquire.cluster") ::"r"(smem_addr(bar)), "r"(parity) : "memory");
 }
 }  // namespace drafter
 #endif
