@@ -10,7 +10,8 @@ tables do not compile one module after another (CuTe modules take 15-30 s each).
     python scripts/precompile_gpu_matrix.py --sweep tuner/specs/sm90.toml --no-tests [--db DB]
                                                                # what a tuner sweep of a spec loads
     python scripts/precompile_gpu_matrix.py --refine profiles/sm90.json --set q_step=1 --where ws \
-        [--max-batch N] [--min-batch N] [--with-winners] --no-tests [--db DB]  # what `tuner refine` measures
+        [--max-batch N] [--min-batch N] [--with-winners] --no-tests [--db DB]
+                                                               # what `tuner refine` measures
                                                                # (into DB: what it still measures)
 """
 import argparse

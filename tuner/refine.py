@@ -37,14 +37,15 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
                       min_batch: int | None = None) -> tuple[list[Candidate], list[str]]:
     """(candidates, skipped): every measured winner of `table` run by `impl` whose parameters
     named in `where` are all set (true, non-zero), and of at most `max_batch` and at least
-    `min_batch` requests where given, with `overrides` applied over its own parameters; `skipped` says, a line each, which
-    winners the overrides do not apply to and why. Duplicates (two entries of one key) are
-    measured once. (`max_batch` keeps a knob of the split combine, `one_trip`, to the batches
-    whose calls split: the split model gives the large ones one split, and there the knob
-    changes nothing that runs; `min_batch` keeps one whose gain the split count bounds from
-    below, `pair`, to the batches that split in two.) `with_winners`: each winner itself (as it was measured) and
-    the entry's alternatives of `impl` right before its refined candidate (`tuner refine
-    --with-winners` measures them all again)."""
+    `min_batch` requests where given, with `overrides` applied over its own parameters;
+    `skipped` says, a line each, which winners the overrides do not apply to and why.
+    Duplicates (two entries of one key) are measured once. (`max_batch` keeps a knob of the
+    split combine, `one_trip`, to the batches whose calls split: the split model gives the large
+    ones one split, and there the knob changes nothing that runs; `min_batch` keeps one whose
+    gain the split count bounds from below, `pair`, to the batches that split in two.)
+    `with_winners`: each winner itself (as it was measured) and the entry's alternatives of
+    `impl` right before its refined candidate (`tuner refine --with-winners` measures them all
+    again)."""
     entries = json.loads(Path(table).read_text())["entries"]
     backend = registry.get(impl)
     registry.check_params(backend, overrides)

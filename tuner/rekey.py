@@ -123,8 +123,10 @@ def rekey(db_path, old_root: Path, old_hash: str, *, new_hash: str | None = None
 
 def _keys_on(db, env_ids) -> set[tuple[str, str]]:
     """(environment, candidate key) of every row of these environments."""
-    return {(r["env_id"], r["candidate_key"]) for env in env_ids for r in db.query(
-        "SELECT env_id, candidate_key FROM results WHERE env_id = ?", (env,))}
+    env_ids = list(env_ids)
+    rows = db.query("SELECT env_id, candidate_key FROM results WHERE env_id IN "
+                    f"({', '.join('?' * len(env_ids))})", env_ids) if env_ids else []
+    return {(r["env_id"], r["candidate_key"]) for r in rows}
 
 
 def complete_params(db_path, *, dry_run: bool = False) -> dict:
