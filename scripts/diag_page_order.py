@@ -7,7 +7,8 @@ replays, L2 flushed before each).
 If the in-order pool runs at the arena's time, what paging costs there is the scatter of the
 pages over the pool (DRAM and TLB locality), not the kernel's page-table reads.
 
-    [ROUNDS=3] python scripts/diag_page_order.py [SPEC ...]     (on a GPU; default: the two kernels below)
+    [ROUNDS=3] [SHAPES=8x32768,1x8192] [PAGE=128] python scripts/diag_page_order.py [SPEC ...]
+    (on a GPU; default: the two kernels, shapes and page size below)
 
 Each output is first checked against the torch reference (relative error printed).
 """
@@ -25,8 +26,9 @@ from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
 from drafter_attn.tuner import timing
 
 SPECS = sys.argv[1:] or ["cupy:ws=3,tile_n=32,lean=1,stages=6,early_ids=1", "cupy"]
-SHAPES = [(1, 32768), (1, 131072), (8, 8192)]
-PAGE, REPS = 64, 50
+SHAPES = [tuple(int(x) for x in s.split("x")) for s in os.environ["SHAPES"].split(",")] \
+    if os.environ.get("SHAPES") else [(1, 32768), (1, 131072), (8, 8192)]
+PAGE, REPS = int(os.environ.get("PAGE", 64)), 50
 ROUNDS = int(os.environ.get("ROUNDS", 3))  # interleaved rounds per point
 
 
@@ -65,11 +67,14 @@ def main() -> None:
             times = {name: [] for name in calls}
             for _ in range(ROUNDS):
                 for name, graph in graphs.items():
-                    times[name].append(timing.time_graph(graph, reps=REPS).median_us)
-            med = {name: statistics.median(t) for name, t in times.items()}
+                    times[name].append(timing.time_graph(graph, reps=REPS))
+            med = {name: statistics.median(t.median_us for t in ts) for name, ts in times.items()}
             print(f"{spec:<48} {batch:>2} {ctx // 1024:>5}k  {med['shuffled']:9.2f} {med['in_order']:9.2f} "
                   f"{med['arena']:9.2f}  {med['shuffled'] / med['arena']:10.4f} {med['in_order'] / med['arena']:11.4f}"
                   f"  {', '.join(f'{e:.1e}' for e in errs)}", flush=True)
+            for name, ts in times.items():  # each round's spread: a bimodal call shows here
+                print(f"    {name:<9} p10/median/p90 by round: "
+                      + "  ".join(f"{t.p10_us:.1f}/{t.median_us:.1f}/{t.p90_us:.1f}" for t in ts), flush=True)
             del graphs
         del data
         torch.cuda.empty_cache()
