@@ -117,9 +117,6 @@ class Params:
     # it keeps (st.async) and storing its own half, so only the pairs' partials (none at two
     # splits: no combine kernel) go through L2; an even split count (warp_specialized.cuh
     # WS_PAIR; `ws_knobs_reason`)
-    pair_ctas: int = 2  # with pair: the splits a cluster, 2, 4 or 8 (their rows dealt in 16- or
-    # 8-row groups, each CTA receiving its own from the others); a multiple of it as the split
-    # count, whose clusters must fit the GPU at once (warp_specialized.cuh PAIR_CTAS)
 
     @property
     def tensor_maps(self) -> bool:
@@ -133,7 +130,7 @@ class Params:
         pipelined path's page-id ring where it has one."""
         if self.ws:
             return ws_bytes(self.tile_n, self.stages, head_dim, self.ws, self.early_ids,
-                            self.ws_rows, self.pair_ctas if self.pair else 0)
+                            self.ws_rows, self.pair)
         return pipelined_bytes(self.tile_n, self.stages, head_dim,
                                padded_warps(warps) if wgmma else warps, wgmma, self.overlap,
                                self.q_smem, page_size, self.lean, self.tma)
@@ -188,18 +185,17 @@ def tma_bytes(stages: int, warps: int) -> int:
 
 
 def ws_bytes(tile_n: int, stages: int, head_dim: int, consumers: int,
-             early_ids: bool = False, ws_rows: bool = False, pair: int = 0) -> int:
+             early_ids: bool = False, ws_rows: bool = False, pair: bool = False) -> int:
     """Shared memory of the warp-specialised kernel (`ws`, warp_specialized.cuh): the K and V
     stages, the Q stage (64 rows; with `ws_rows` one a consumer), a full and an empty barrier a
     stage and Q's, 2 KB for the row maxima and sums each consumer but the first hands it (their O
     goes through their last stages), with `early_ids` the 64 page ids the producer copies
-    first, and with `pair` (the CTAs of its cluster, 2, 4 or 8; 0 none) the pair's barrier and the
-    buffer the other CTAs write the rows this one keeps into (fp32 O, maxima and sums: head_dim /
-    8 + 1 float4 for each of 64 threads at 2, (pair - 1) times 64 / pair rows' worth beyond)."""
+    first, and with `pair` the pair's barrier and the buffer the peer CTA writes the 32 rows this
+    one keeps into (fp32 O, maxima and sums: head_dim / 8 + 1 float4 for each of 64 threads)."""
     q_stages = consumers if ws_rows else 1
     return (2 * stages * tile_n * head_dim * 2 + q_stages * 64 * head_dim * 2 + stages * 16 + 8
             + (consumers - 1) * 4 * 128 * 4 + (64 * 4 if early_ids else 0)
-            + (8 + (pair - 1) * (head_dim // 8 + 1) * 2048 // pair if pair else 0))
+            + (8 + (head_dim // 8 + 1) * 64 * 16 if pair else 0))
 
 
 def ws_threads(consumers: int) -> int:
@@ -367,13 +363,8 @@ def ws_knobs_reason(params: Params) -> str | None:
         return "pair=1 merges split pairs of the warp-specialised kernel (ws=2..4)"
     if params.pair and (params.ws_rows or params.row_split != 1):
         return "pair=1 hands a split's rows over in one CTA: not with ws_rows or row_split"
-    if params.pair_ctas not in (2, 4, 8):
-        return f"pair_ctas={params.pair_ctas}: a cluster of 2, 4 or 8 splits"
-    if params.pair_ctas != 2 and not params.pair:
-        return f"pair_ctas={params.pair_ctas} sizes pair's clusters: it needs pair=1"
-    if params.pair and params.num_splits % params.pair_ctas:
-        return (f"pair=1 runs the splits in clusters of {params.pair_ctas}: "
-                f"num_splits={params.num_splits} is not a multiple")
+    if params.pair and params.num_splits % 2:
+        return f"pair=1 runs the splits in pairs: num_splits={params.num_splits} is odd"
     if params.ws_overlap and params.ws == 4:
         # ptxas: 80-116 bytes spilled and every wgmma serialised for want of registers
         return "ws_overlap=1 holds a second tile's P, for which four consumers' 112 registers are too few"
@@ -734,7 +725,6 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "q_step": [False, True],
         "one_trip": [False, True],
         "pair": [False, True],
-        "pair_ctas": [2, 4, 8],
     }
 
 
@@ -803,7 +793,7 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
             raise ValueError(reason)
         defines["TRIM"] = 1
     if (params.early_ids or params.ws_rows or params.ws_overlap or params.q_step
-            or params.pair or params.pair_ctas != 2):  # ws's own knobs
+            or params.pair):  # ws's own knobs
         reason = ws_knobs_reason(params)
         if reason:
             raise ValueError(reason)
@@ -813,8 +803,6 @@ def variant_defines(dtype: torch.dtype | str, head_dim: int, page_size: int | No
         defines["Q_STEP"] = 1
     if params.pair:  # named only when on: the other ws variants keep their defines
         defines["WS_PAIR"] = 1
-        if params.pair_ctas != 2:  # (as pair's own size: its variants keep their defines)
-            defines["PAIR_CTAS"] = params.pair_ctas
     return defines
 
 
@@ -853,30 +841,6 @@ class Module:
         regs_per_warp = -(-self.regs * 32 // 256) * 256
         by_regs = REGS_PER_SM // (regs_per_warp * (self.threads // 32))
         return max(1, min(by_smem, by_regs, 32))
-
-
-    def cluster_ctas(self, size: int) -> int:
-        """CTAs of this variant the GPU runs at once in clusters of `size` (its compiled cluster
-        size): the driver's occupancy query, since a cluster must sit in one GPC."""
-        got = self.__dict__.setdefault("_clusters", {})
-        if size not in got:
-            from cuda.bindings import driver
-
-            config = driver.CUlaunchConfig()
-            config.gridDimX, config.gridDimY, config.gridDimZ = size, 1, 1
-            config.blockDimX, config.blockDimY, config.blockDimZ = self.threads, 1, 1
-            config.sharedMemBytes = self.smem
-            err, clusters = driver.cuOccupancyMaxActiveClusters(self.attention, config)
-            if err != driver.CUresult.CUDA_SUCCESS:
-                raise RuntimeError(f"cuOccupancyMaxActiveClusters failed: {err!r}")
-            got[size] = clusters * size
-        return got[size]
-
-
-def pair_ctas(params) -> int:
-    """The CTAs a cluster of `params` merges its splits in: 1 without `pair` (and for families
-    without it)."""
-    return getattr(params, "pair_ctas", 2) if getattr(params, "pair", False) else 1
 
 
 _Module = Module  # the name tests/test_split_model.py builds resource-only modules with
@@ -924,8 +888,7 @@ def module_smem(defines: dict[str, int]) -> int:
     if defines.get("WARP_SPEC", 0):
         return ws_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
                         defines["WS_CONSUMERS"], bool(defines.get("EARLY_IDS", 0)),
-                        bool(defines.get("WS_ROWS", 0)),
-                        defines.get("PAIR_CTAS", 2) if defines.get("WS_PAIR", 0) else 0)
+                        bool(defines.get("WS_ROWS", 0)), bool(defines.get("WS_PAIR", 0)))
     return pipelined_bytes(defines["TILE_N"], defines["STAGES"], defines["HEAD_DIM"],
                            defines["NUM_WARPS"], bool(defines["WGMMA"]), defines.get("OVERLAP", 0),
                            bool(defines["Q_SMEM"]), defines["PAGE_SIZE"] or None,
@@ -1041,8 +1004,7 @@ _counter_bufs: dict[int, torch.Tensor] = {}
 
 
 def choose_splits(batch: int, hkv: int, kv_tokens: int, tile_n: int, num_sms: int,
-                  resident: int, max_splits: int = 64, rows: int = 64, cluster: int = 1,
-                  cluster_slots: int | None = None) -> int:
+                  resident: int, max_splits: int = 64, rows: int = 64, pairs: bool = False) -> int:
     """Split-KV count from a wave model, in units of one tile step of a full wave:
     - `batch * hkv * S` CTAs run in ceil(CTAs / slots) waves of `slots = SMs * resident` CTAs;
     - a wave lasts one split's share of the KV tiles, plus a fixed per-CTA cost of about two
@@ -1060,21 +1022,15 @@ def choose_splits(batch: int, hkv: int, kv_tokens: int, tile_n: int, num_sms: in
     they cut laguna's 144-row CTAs to half a wave (B=8: 2 splits -> 1), 28-34% slower in the
     sm90 profile (results/perf-notes.md, "Partial rows in the split model").
 
-    `cluster` (the ws kernel's `pair`, its `pair_ctas`): multiples of it only, each cluster
-    writing one CTA's partial rows (none at one cluster); `cluster_slots` the CTAs of such
-    clusters the GPU runs at once where that is fewer than its slots (a cluster sits in one GPC:
-    132 SMs of an H200 hold 30 clusters of 4, 15 of 8). Clusters of 4 and 8 plan one wave at
-    most (their point is a call without partials; a second wave of clusters is placed GPC by GPC,
-    which this model does not see)."""
+    `pairs` (the ws kernel's `pair`): even counts only, at least 2, a pair writing one CTA's
+    partial rows (none at 2)."""
     ctas = batch * hkv
-    slots = num_sms * resident if cluster_slots is None else min(cluster_slots, num_sms * resident)
+    slots = num_sms * resident
     tiles = max(1, -(-kv_tokens // tile_n))
     limit = max(1, min(max_splits, tiles // 2))
-    step = cluster
+    step = 2 if pairs else 1
     best, best_cost = step, float("inf")
     for s in range(step, max(step, limit) + 1, step):
-        if step > 2 and s > step and ctas * s > slots:
-            break  # clusters past one wave: the placement they pay is not in this model
         written = s // step  # CTAs that write partials
         partials = (2 * rows / tile_n * ctas * written / slots
                     if written > 1 and ctas * s > slots else 0.0)
@@ -1403,12 +1359,10 @@ class CupyBackend:
         # row_split CTAs per (request, KV head) split: the wave model counts them all, and each
         # writes its share of the rows' partials
         row_split = getattr(params, "row_split", 1)
-        cluster = pair_ctas(params)
         return choose_splits(dims.batch * row_split, dims.num_kv_heads, kv_tokens, params.tile_n,
                              num_sms, resident,
                              rows=cta_rows(dims.block_size, dims.group, row_split),
-                             cluster=cluster,
-                             cluster_slots=mod.cluster_ctas(cluster) if cluster > 2 else None)
+                             pairs=getattr(params, "pair", False))
 
     def _plan_attention(self, key, dims, layout, args) -> AttentionPlan:
         q, _, _, k_cache, v_cache, table, _, out = args
@@ -1420,8 +1374,8 @@ class CupyBackend:
         mod = self.family.module_for(index, q.dtype, dims.head_dim, dims.page_size,
                                      dims.block_size, dims.group, p)
         splits = self.plan_splits(dims, p, q.device)
-        # the partials the combine merges: with `pair` one a cluster (none at one cluster)
-        parts = splits // pair_ctas(p)
+        # the partials the combine merges: with `pair` one a split pair (none at two splits)
+        parts = splits // 2 if getattr(p, "pair", False) else splits
         rows = dims.block_size * dims.group
         part_elems, lse_elems = partial_elems(dims.batch, dims.num_kv_heads, rows, dims.head_dim,
                                               parts)

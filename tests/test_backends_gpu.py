@@ -41,9 +41,7 @@ pytestmark = pytest.mark.gpu
 # read in one round trip (16 splits a CTA a row, 4 a warp a row, then 4 a trip: the forced split
 # counts' 40 take several); "pair=1" runs ws split pairs as clusters of two CTAs, each handing
 # the other the half of the rows it keeps through shared memory (st.async; no combine at two
-# splits, half the partials above; odd forced counts refused), "pair_ctas=4" / "=8" in clusters of
-# 4 or 8 splits, each CTA keeping a warp's 16 rows or half a warp's 8 (forced counts that are not
-# a multiple refused);
+# splits, half the partials above; odd forced counts refused);
 # "cutlass" is the CuTe
 # port of the same algorithm (mma.sync), "cutlass:wgmma=1" its warpgroup-MMA path on sm_90 where
 # the shape allows. `cupy:wgmma=1` on CTAs that are not whole warpgroups (laguna's 9 warps padded
@@ -59,8 +57,6 @@ BACKENDS = ["cupy", "cupy:wgmma=0", "cupy:overlap=1", "cupy:overlap=2", "cupy:tm
             "cupy:combine=1", "cupy:one_trip=1", "cupy:combine=1,one_trip=1",
             "cupy:ws=3,tile_n=32,stages=9,early_ids=1,q_step=1,one_trip=1",
             "cupy:ws=3,tile_n=32,stages=6,early_ids=1,one_trip=1,pair=1", "cupy:ws=2,stages=4,pair=1",
-            "cupy:ws=3,tile_n=32,stages=6,early_ids=1,one_trip=1,pair=1,pair_ctas=4",
-            "cupy:ws=3,tile_n=32,stages=9,early_ids=1,q_step=1,one_trip=1,pair=1,pair_ctas=8",
             "cutlass", "cutlass:wgmma=1"]
 
 

@@ -131,29 +131,13 @@ def test_ctas_per_sm_takes_the_tunables_values():
 
 
 def test_pairs_take_even_counts_and_two_at_batch_eight():
-    """`cluster=2` (the ws kernel's `pair`): only even split counts, at least two even where the
+    """`pairs` (the ws kernel's `pair`): only even split counts, at least two even where the
     context holds fewer tiles; B=8 over 8 KV heads fills one ws wave with two (64 pairs), as the
     unpaired model does, and B=1 with 16 (8 partials for the combine)."""
     assert choose_splits(8, 8, 8192 + 16, 32, H200_SMS, resident=1) == 2
-    assert choose_splits(8, 8, 8192 + 16, 32, H200_SMS, resident=1, cluster=2) == 2
-    assert choose_splits(1, 8, 8192 + 16, 32, H200_SMS, resident=1, cluster=2) == 16
-    assert choose_splits(1, 1, 40, 32, H200_SMS, resident=1, cluster=2) == 2  # one tile
+    assert choose_splits(8, 8, 8192 + 16, 32, H200_SMS, resident=1, pairs=True) == 2
+    assert choose_splits(1, 8, 8192 + 16, 32, H200_SMS, resident=1, pairs=True) == 16
+    assert choose_splits(1, 1, 40, 32, H200_SMS, resident=1, pairs=True) == 2  # one tile
     for batch, ctx in ((1, 2048), (2, 8192), (3, 32768), (5, 131072), (32, 8192)):
-        s = choose_splits(batch, 8, ctx, 32, H200_SMS, resident=1, cluster=2)
+        s = choose_splits(batch, 8, ctx, 32, H200_SMS, resident=1, pairs=True)
         assert s >= 2 and s % 2 == 0, (batch, ctx, s)
-
-
-def test_larger_clusters_plan_in_the_clusters_the_gpu_holds():
-    """`pair_ctas` 4 and 8: multiples of the cluster only, waves counted in the CTAs of the
-    clusters that fit at once (the H200's 30 of 4 and 15 of 8, one CTA an SM: 120 CTAs), so B=1
-    over 8 KV heads takes 8 splits in clusters of 8 (64 CTAs, no partials) where 16 would need a
-    second wave for one cluster."""
-    for cluster in (4, 8):
-        for batch, ctx in ((1, 2048), (1, 8192), (2, 8192), (4, 32768), (16, 8192)):
-            s = choose_splits(batch, 8, ctx, 32, H200_SMS, resident=1, cluster=cluster,
-                              cluster_slots=120)
-            assert s >= cluster and s % cluster == 0, (cluster, batch, ctx, s)
-    assert choose_splits(1, 8, 8192 + 16, 32, H200_SMS, resident=1, cluster=8, cluster_slots=120) == 8
-    # with every SM's slot a cluster's, 16 splits would fit one wave
-    assert choose_splits(1, 8, 8192 + 16, 32, H200_SMS, resident=1, cluster=8, cluster_slots=128) == 16
-    assert choose_splits(2, 8, 8192 + 16, 32, H200_SMS, resident=1, cluster=4, cluster_slots=120) == 4

@@ -324,7 +324,7 @@ constexpr float RESCALE_SLACK = 8.f;
 #if !defined(DRAFTER_LAYOUTS_ONLY) && WARP_SPEC
 #include "warp_specialized.cuh"
 #if WS_PAIR
-#define WS_CLUSTER __cluster_dims__(PAIR_CTAS, 1, 1)  // a split pair (or 4, 8 splits) a cluster
+#define WS_CLUSTER __cluster_dims__(2, 1, 1)  // a split pair a cluster (warp_specialized.cuh)
 #else
 #define WS_CLUSTER
 #endif

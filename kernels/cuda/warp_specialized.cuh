@@ -58,9 +58,6 @@
 #ifndef WS_PAIR
 #define WS_PAIR 0  // split pairs as clusters of two, merged through shared memory (`pair`)
 #endif
-#ifndef PAIR_CTAS
-#define PAIR_CTAS 2  // WS_PAIR's cluster: 2, 4 or 8 consecutive splits (`pair_ctas`)
-#endif
 namespace {
 constexpr int WS_THREADS = 128 * (1 + WS_CONSUMERS);
 static_assert(WS_CONSUMERS >= 2 && WS_CONSUMERS <= 4, "WARP_SPEC: 2, 3 or 4 consumer warpgroups");
@@ -77,7 +74,6 @@ __device__ __forceinline__ int q_off(int row, int col) {
 }
 static_assert(!WS_PAIR || (!WS_ROWS && ROW_SPLIT == 1),
               "WS_PAIR: a split's rows in one CTA, merged by one consumer");
-static_assert(PAIR_CTAS == 2 || PAIR_CTAS == 4 || PAIR_CTAS == 8, "PAIR_CTAS: 2, 4 or 8 splits a cluster");
 static_assert(WS_ROWS || (STAGES >= WS_CONSUMERS && STAGES % WS_CONSUMERS == 0),
               "WARP_SPEC: stages a multiple of the consumers");
 static_assert(PAGE_SIZE == 0 || PAGE_SIZE >= N || (BOXES <= 32 && 32 % BOXES == 0),
@@ -119,9 +115,6 @@ __device__ __forceinline__ void regs_up() {
 // merges what it received into the rows it keeps and writes them: to the output (two splits) or
 // as the pair's partial (num_splits / 2 partials for the combine). No partial goes through L2
 // for the pair, and at two splits there is no combine kernel and no gap between kernels.
-// PAIR_CTAS 4 and 8 make the cluster PAIR_CTAS consecutive splits, the rows dealt to its CTAs in
-// 16-row (a consumer warp's) or 8-row (half a warp's) groups, each CTA receiving its rows from
-// the PAIR_CTAS - 1 others: one partial a cluster, none where the splits are one cluster.
 // (Measured on the H200: the second CTA handing all 64 rows to the first by stores, a fence and
 // an arrival was 1.6 us slower at B=8 8k; results/perf-notes.md.)
 namespace drafter {
@@ -147,17 +140,6 @@ __device__ __forceinline__ void st_async_v4(unsigned addr, float4 v, unsigned ba
       ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar)
       : "memory");
 }
-__device__ __forceinline__ void st_async_v2(unsigned addr, float2 v, unsigned bar) {
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];\n"
-      ::"r"(addr), "f"(v.x), "f"(v.y), "r"(bar)
-      : "memory");
-}
-// a compile-time int as a value (the 8-CTA merge's kept half)
-template <int V>
-struct IntTag {
-  static constexpr int value = V;
-};
 // spin until phase `parity` of a barrier that the other CTA's st.async completes has completed
 __device__ __forceinline__ void mbar_wait_cluster(unsigned long long* bar, unsigned parity) {
   asm volatile(MBAR_TRY_WAIT(".acquire.cluster") ::"r"(smem_addr(bar)), "r"(parity) : "memory");
@@ -200,9 +182,8 @@ __device__ __forceinline__ void ws_attention_body(
   // [WS_CONSUMERS - 1][4][128]: the m0 m1 l0 l1 of consumers 1.. for consumer 0
   float* sML = reinterpret_cast<float*>(qbar + 1);
 #if WS_PAIR
-  // past the merge area and EARLY_IDS' 64 page ids: the pair's barrier, then the rows the other
-  // CTAs send, O fragments and then m0 m1 l0 l1: [PAIR_CTAS - 1][DTILES + 1][128 / PAIR_CTAS]
-  // float4 (PAIR_CTAS 8: half a warp's rows, [7][DTILES + 1][32] float2)
+  // past the merge area and EARLY_IDS' 64 page ids: the pair's barrier, then the peer's half of
+  // the rows, O fragments and then m0 m1 l0 l1: [DTILES + 1][64] float4
   unsigned long long* pair_bar =
       reinterpret_cast<unsigned long long*>(sML + (WS_CONSUMERS - 1) * 512 + (EARLY_IDS ? 64 : 0));
   float4* pair_buf = reinterpret_cast<float4*>(pair_bar + 1);
@@ -353,7 +334,7 @@ __device__ __forceinline__ void ws_attention_body(
 #endif
     mbar_init_fence();
 #if WS_PAIR
-    mbar_arrive_expect_tx(pair_bar, (PAIR_CTAS - 1) * (DTILES + 1) * 2048 / PAIR_CTAS);
+    mbar_arrive_expect_tx(pair_bar, (DTILES + 1) * 64 * sizeof(float4));
 #endif
   }
   __syncthreads();
@@ -781,98 +762,41 @@ __device__ __forceinline__ void ws_attention_body(
   }
 
 #if WS_PAIR
-  // ---- the pair's merge, rows dealt: with two CTAs the first keeps rows 0-31 (consumer warps 0
-  // and 1), the second 32-63; each sends the other's half and merges and stores its own. With 4,
-  // CTA r of the cluster keeps warp r's 16 rows, with 8 the 8-row half r % 2 of warp r / 2's.
-  constexpr int SLOTS = PAIR_CTAS == 8 ? 32 : 128 / PAIR_CTAS;  // threads a kept group, a sender's slot
-  const int rank = split & (PAIR_CTAS - 1);
-  const int pslot = ctid & (SLOTS - 1);
-  if constexpr (PAIR_CTAS < 8) {
-    const int owner = cwarp / (4 / PAIR_CTAS);  // the CTA that keeps this thread's rows
-    if (PAIR_CTAS == 2 ? (cwarp < 2) == ((split & 1) != 0) : owner != rank) {
-      cluster_wait();  // the owner's pair barrier is set up
-      const unsigned dst_rank = PAIR_CTAS == 2 ? (split & 1) ^ 1 : owner;
-      const int j = PAIR_CTAS == 2 ? 0 : (rank - owner - 1) & (PAIR_CTAS - 1);  // sender slot
-      const unsigned dst =
-          cluster_addr(smem_addr(pair_buf + j * (DTILES + 1) * SLOTS + pslot), dst_rank);
-      const unsigned bar = cluster_addr(smem_addr(pair_bar), dst_rank);
+  // ---- the pair's merge, rows dealt: the first CTA keeps rows 0-31 (consumer warps 0 and 1), the
+  // second rows 32-63; each sends the other's half and merges and stores its own
+  const int pslot = ctid & 63;
+  if ((cwarp < 2) == ((split & 1) != 0)) {
+    cluster_wait();  // the peer's pair barrier is set up
+    const unsigned peer = (split & 1) ^ 1;
+    const unsigned dst = cluster_addr(smem_addr(pair_buf + pslot), peer);
+    const unsigned bar = cluster_addr(smem_addr(pair_bar), peer);
 #pragma unroll
-      for (int d = 0; d < DTILES; ++d)
-        st_async_v4(dst + d * SLOTS * sizeof(float4), make_float4(o[d][0], o[d][1], o[d][2], o[d][3]),
-                    bar);
-      st_async_v4(dst + DTILES * SLOTS * sizeof(float4), make_float4(m0, m1, l0, l1), bar);
-      return;
-    }
-    mbar_wait_cluster(pair_bar, 0);
-#pragma unroll
-    for (int j = 0; j < PAIR_CTAS - 1; ++j) {
-      const float4* x = pair_buf + j * (DTILES + 1) * SLOTS + pslot;
-      const float4 ml = x[DTILES * SLOTS];
-      const float mm0 = fmaxf(m0, ml.x), mm1 = fmaxf(m1, ml.y);
-      const float base0 = mm0 == -INFINITY ? 0.f : mm0, base1 = mm1 == -INFINITY ? 0.f : mm1;
-      const float a0 = fast_exp2(m0 - base0), b0 = fast_exp2(ml.x - base0);
-      const float a1 = fast_exp2(m1 - base1), b1 = fast_exp2(ml.y - base1);
-      l0 = l0 * a0 + ml.z * b0;
-      l1 = l1 * a1 + ml.w * b1;
-      m0 = mm0;
-      m1 = mm1;
-#pragma unroll
-      for (int d = 0; d < DTILES; ++d) {
-        const float4 v = x[d * SLOTS];
-        o[d][0] = o[d][0] * a0 + v.x * b0;
-        o[d][1] = o[d][1] * a0 + v.y * b0;
-        o[d][2] = o[d][2] * a1 + v.z * b1;
-        o[d][3] = o[d][3] * a1 + v.w * b1;
-      }
-    }
-  } else {
-    // 8-row groups: group 2 cwarp + h (this thread's half h) belongs to CTA 2 cwarp + h
-    float2* buf2 = reinterpret_cast<float2*>(pair_buf);
-    cluster_wait();  // every thread sends at least one half
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int g = 2 * cwarp + h;
-      if (g == rank) continue;
-      const int j = (rank - g - 1) & 7;
-      const unsigned dst = cluster_addr(smem_addr(buf2 + j * (DTILES + 1) * 32 + lane), g);
-      const unsigned bar = cluster_addr(smem_addr(pair_bar), g);
-#pragma unroll
-      for (int d = 0; d < DTILES; ++d)
-        st_async_v2(dst + d * 32 * sizeof(float2), make_float2(o[d][2 * h], o[d][2 * h + 1]), bar);
-      st_async_v2(dst + DTILES * 32 * sizeof(float2), h ? make_float2(m1, l1) : make_float2(m0, l0), bar);
-    }
-    if (cwarp != rank >> 1) return;
-    mbar_wait_cluster(pair_bar, 0);
-    // the kept half's rows: m, l and O columns 2h, 2h + 1 of each fragment (H a constant, so the
-    // fragments stay in registers)
-    auto merge_half = [&](auto half) {
-      constexpr int H = decltype(half)::value;
-      float& m = H ? m1 : m0;
-      float& l = H ? l1 : l0;
-#pragma unroll
-      for (int j = 0; j < 7; ++j) {
-        const float2* x = buf2 + j * (DTILES + 1) * 32 + lane;
-        const float2 ml = x[DTILES * 32];
-        const float mm = fmaxf(m, ml.x);
-        const float base = mm == -INFINITY ? 0.f : mm;
-        const float a = fast_exp2(m - base), w = fast_exp2(ml.x - base);
-        l = l * a + ml.y * w;
-        m = mm;
-#pragma unroll
-        for (int d = 0; d < DTILES; ++d) {
-          const float2 v = x[d * 32];
-          o[d][2 * H] = o[d][2 * H] * a + v.x * w;
-          o[d][2 * H + 1] = o[d][2 * H + 1] * a + v.y * w;
-        }
-      }
-    };
-    if (rank & 1)
-      merge_half(drafter::IntTag<1>{});
-    else
-      merge_half(drafter::IntTag<0>{});
+    for (int d = 0; d < DTILES; ++d)
+      st_async_v4(dst + d * 64 * sizeof(float4), make_float4(o[d][0], o[d][1], o[d][2], o[d][3]), bar);
+    st_async_v4(dst + DTILES * 64 * sizeof(float4), make_float4(m0, m1, l0, l1), bar);
+    return;
   }
-  constexpr int PAIR_SHIFT = PAIR_CTAS == 2 ? 1 : PAIR_CTAS == 4 ? 2 : 3;
-  const int out_split = split >> PAIR_SHIFT, out_splits = num_splits >> PAIR_SHIFT;  // a cluster's
+  {
+    mbar_wait_cluster(pair_bar, 0);
+    const float4 ml = pair_buf[DTILES * 64 + pslot];
+    const float mm0 = fmaxf(m0, ml.x), mm1 = fmaxf(m1, ml.y);
+    const float base0 = mm0 == -INFINITY ? 0.f : mm0, base1 = mm1 == -INFINITY ? 0.f : mm1;
+    const float a0 = fast_exp2(m0 - base0), b0 = fast_exp2(ml.x - base0);
+    const float a1 = fast_exp2(m1 - base1), b1 = fast_exp2(ml.y - base1);
+    l0 = l0 * a0 + ml.z * b0;
+    l1 = l1 * a1 + ml.w * b1;
+    m0 = mm0;
+    m1 = mm1;
+#pragma unroll
+    for (int d = 0; d < DTILES; ++d) {
+      const float4 x = pair_buf[d * 64 + pslot];
+      o[d][0] = o[d][0] * a0 + x.x * b0;
+      o[d][1] = o[d][1] * a0 + x.y * b0;
+      o[d][2] = o[d][2] * a1 + x.z * b1;
+      o[d][3] = o[d][3] * a1 + x.w * b1;
+    }
+  }
+  const int out_split = split >> 1, out_splits = num_splits >> 1;  // the pairs' partials
 #else
   const int out_split = split, out_splits = num_splits;
 #endif
@@ -888,9 +812,6 @@ __device__ __forceinline__ void ws_attention_body(
   for (int half = 0; half < 2; ++half) {
     const int r = half ? r1 : r0;
     if (r >= r_end) continue;
-#if WS_PAIR
-    if (PAIR_CTAS == 8 && half != (split & 1)) continue;  // the cluster's CTA 2 cwarp + half stores it
-#endif
     const float inv = half ? inv1 : inv0;
     if (out_splits == 1) {
       elem_t* dst = out + ((static_cast<long long>(b) * qb + r / group) * hq + kvh * group + r % group) * D;
