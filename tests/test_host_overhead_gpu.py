@@ -62,6 +62,9 @@ def _per_call_us(benchmark, call, args) -> float:
     benchmark.pedantic(rounds, setup=setup, rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS)
     busy.append(not stream.query())
     torch.cuda.synchronize()
+    if benchmark.stats is None:  # pytest-benchmark turns itself off under xdist (`-n`) and with
+        # --benchmark-disable: the calls ran, nothing was timed
+        pytest.skip("pytest-benchmark is disabled (xdist or --benchmark-disable): host time not measured")
     timed = busy[1:][-ROUNDS:]  # the timed rounds' ends (warm-up rounds come first)
     per_call = benchmark.stats.stats.median / CALLS * 1e6
     benchmark.extra_info.update(per_call_us=round(per_call, 2), idle_rounds=timed.count(False),
