@@ -1,0 +1,88 @@
+"""Paged calls over a gigabyte or more run 4-12% slower in some timing rounds than in others,
+each round steady within itself (results/perf-notes.md, "Paged calls at page 128 and 128k").
+This times one call's graph in many short rounds, interleaving the paged pool (shuffled pages),
+the same pages in order and the arena, and reads the GPU's clocks, power, temperature and
+throttle reasons after each round (nvidia-smi), so that a slow round can be matched against what
+the GPU was doing and against the other layouts' rounds around it.
+
+    [ROUNDS=40] [REPS=20] python scripts/diag_slow_rounds.py [SPEC B CTX PAGE] ...   (on a GPU)
+
+Default cases: the table's B=8 32k page-128 pick (pair) and the B=4 128k page-64 ws pick.
+Prints one line a round and case, then a summary: the rounds each layout ran more than 3% over
+its fastest round's median, and the clocks of slow rounds beside the others'.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+
+import torch
+
+from drafter_attn.kernels import registry
+from drafter_attn.kernels.cache import random_arena_context, random_paged_context
+from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
+from drafter_attn.tuner import timing
+
+CASES = [("cupy:ws=3,tile_n=32,stages=6,early_ids=1,one_trip=1,pair=1", 8, 32768, 128),
+         ("cupy:ws=3,tile_n=32,stages=6,early_ids=1,lean=1", 4, 131072, 64)]
+ROUNDS, REPS = int(os.environ.get("ROUNDS", 40)), int(os.environ.get("REPS", 20))
+SMI = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
+SLOW = 1.03  # a round this far over the layout's fastest round is a slow one
+
+
+def gpu_state() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", f"--query-gpu={SMI}", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"n/a ({e})"
+
+
+def calls(spec: str, batch: int, ctx: int, page: int):
+    g = get_preset(MAIN_PRESET).with_(num_layers=1)
+    gen = torch.Generator().manual_seed(batch * 7 + ctx)
+    shape = (batch, g.block_size, g.num_q_heads, g.head_dim)
+    kv_shape = (batch, g.block_size, g.num_kv_heads, g.head_dim)
+    q = tuple(torch.randn(s, generator=gen).to(g.torch_dtype).cuda() for s in (shape, kv_shape, kv_shape))
+    lens = [ctx] * batch
+    data = {"shuffled": random_paged_context(g, lens, page, "cuda", gen, shuffle_pages=True),
+            "in_order": random_paged_context(g, lens, page, "cuda", gen, shuffle_pages=False),
+            "arena": random_arena_context(g, lens, ctx, "cuda", gen)}
+    be = registry.from_spec(spec)
+    fns = {name: (lambda d=d: be.paged_attention(*q, *d)) if name != "arena"
+           else (lambda d=d: be.arena_attention(*q, *d)) for name, d in data.items()}
+    return {name: timing.capture(fn) for name, fn in fns.items()}, data
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    cases = [(args[i], int(args[i + 1]), int(args[i + 2]), int(args[i + 3]))
+             for i in range(0, len(args), 4)] if args else CASES
+    for spec, batch, ctx, page in cases:
+        graphs, data = calls(spec, batch, ctx, page)
+        for g in graphs.values():  # warm: compiled, loaded, clocks up
+            for _ in range(10):
+                g.replay()
+        print(f"\n{spec} B={batch} ctx={ctx} page={page}: {ROUNDS} rounds of {REPS} replays, "
+              f"medians us (p10/p90); then {SMI}", flush=True)
+        rows = []
+        for r in range(ROUNDS):
+            got = {name: timing._each_timed(g.replay, REPS, cold_l2=True) for name, g in graphs.items()}
+            state = gpu_state()
+            rows.append((got, state))
+            print(f"{r:3d} " + "  ".join(f"{n} {t.median_us:7.1f} ({t.p10_us:.1f}/{t.p90_us:.1f})"
+                                         for n, t in got.items()) + f"  | {state}", flush=True)
+        for name in graphs:
+            meds = [got[name].median_us for got, _ in rows]
+            fast = min(meds)
+            slow = [i for i, m in enumerate(meds) if m > fast * SLOW]
+            print(f"{name:9} fastest {fast:.1f}, median of rounds {statistics.median(meds):.1f}, "
+                  f"slow rounds ({len(slow)}/{ROUNDS}): {slow}", flush=True)
+        del graphs, data
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
