@@ -9,7 +9,8 @@ the GPU was doing and against the other layouts' rounds around it.
 
 Default cases: the table's B=8 32k page-128 pick (pair) and the B=4 128k page-64 ws pick.
 Prints one line a round and case, then a summary: the rounds each layout ran more than 3% over
-its fastest round's median, and the clocks of slow rounds beside the others'.
+its fastest round's median. Exits 1 when any layout had a slow round, so that a device run can
+check its lease before it measures rows for the profile (scripts/gpu_profile_specs.sh does).
 """
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ CASES = [("cupy:ws=3,tile_n=32,stages=6,early_ids=1,one_trip=1,pair=1", 8, 32768
 ROUNDS, REPS = int(os.environ.get("ROUNDS", 40)), int(os.environ.get("REPS", 20))
 SMI = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
 SLOW = 1.03  # a round this far over the layout's fastest round is a slow one
+
+
+def slow_rounds(medians: list[float], slack: float = SLOW) -> list[int]:
+    """The rounds whose median lies more than `slack` over the fastest round's."""
+    fast = min(medians)
+    return [i for i, m in enumerate(medians) if m > fast * slack]
 
 
 def gpu_state() -> str:
@@ -56,8 +63,9 @@ def calls(spec: str, batch: int, ctx: int, page: int):
     return {name: timing.capture(fn) for name, fn in fns.items()}, data
 
 
-def main() -> None:
+def main() -> int:
     args = sys.argv[1:]
+    any_slow = False
     cases = [(args[i], int(args[i + 1]), int(args[i + 2]), int(args[i + 3]))
              for i in range(0, len(args), 4)] if args else CASES
     for spec, batch, ctx, page in cases:
@@ -76,13 +84,14 @@ def main() -> None:
                                          for n, t in got.items()) + f"  | {state}", flush=True)
         for name in graphs:
             meds = [got[name].median_us for got, _ in rows]
-            fast = min(meds)
-            slow = [i for i, m in enumerate(meds) if m > fast * SLOW]
-            print(f"{name:9} fastest {fast:.1f}, median of rounds {statistics.median(meds):.1f}, "
+            slow = slow_rounds(meds)
+            any_slow = any_slow or bool(slow)
+            print(f"{name:9} fastest {min(meds):.1f}, median of rounds {statistics.median(meds):.1f}, "
                   f"slow rounds ({len(slow)}/{ROUNDS}): {slow}", flush=True)
         del graphs, data
         torch.cuda.empty_cache()
+    return 1 if any_slow else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

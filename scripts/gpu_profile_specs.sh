@@ -8,7 +8,8 @@
 # (`tuner refine profiles/sm90.json $REFINE`), after the specs, within the same SWEEP_S; add
 # --with-winners to REFINE to measure each winner, its runners-up and its refined candidate in
 # this sweep.
-# $OUT/sm90.db comes back (one file, journal folded in); then, in a checkout:
+# $OUT/sm90.db and $OUT/lease_check.txt come back (the database's journal folded in); then, in a
+# checkout:
 #   cp OUT/sm90.db profiles/sm90.db
 #   tuner export --sm 90 --db profiles/sm90.db --current-sources --out profiles/sm90.json
 set -uo pipefail
@@ -20,6 +21,19 @@ for spec in "$@"; do args+=(--sweep "$spec"); done
 read -ra refine <<< "${REFINE:-}"
 python3 scripts/precompile_gpu_matrix.py --no-tests "${args[@]}" \
   ${REFINE:+--refine profiles/sm90.json "${refine[@]}"} --db "$db" 2>&1 | tail -n 1
+# The lease first (about 15 s; SKIP_LEASE_CHECK=1 leaves it out): some H200 leases run paged
+# calls over a gigabyte 4-12% slower in some timing rounds than in others, which flips keys on
+# noise (results/perf-notes.md, "Paged calls at page 128 and 128k"). Rows from a lease that shows
+# slow rounds here are compared before they are merged.
+if [ -z "${SKIP_LEASE_CHECK:-}" ]; then
+  ROUNDS=20 REPS=10 timeout 90 python3 scripts/diag_slow_rounds.py \
+    "cupy:ws=3,tile_n=32,stages=6,early_ids=1,one_trip=1,pair=1" 8 32768 128 > "$OUT/lease_check.txt" 2>&1
+  case $? in
+    0) echo "lease check: steady (no slow round in 20)" ;;
+    1) echo "lease check: SLOW ROUNDS on this lease ($OUT/lease_check.txt): read this run's rows before merging them" ;;
+    *) echo "lease check: did not finish ($OUT/lease_check.txt)" ;;
+  esac
+fi
 deadline=$(( SECONDS + ${SWEEP_S:-300} ))
 for spec in "$@"; do
   left=$(( deadline - SECONDS )); (( left < 10 )) && { echo "$spec: no time left"; continue; }
