@@ -30,7 +30,7 @@ if [ -z "${SKIP_LEASE_CHECK:-}" ]; then
     "cupy:ws=3,tile_n=32,stages=6,early_ids=1,one_trip=1,pair=1" 8 32768 128 > "$OUT/lease_check.txt" 2>&1
   case $? in
     0) echo "lease check: steady (no slow round in 20)" ;;
-    1) echo "lease check: SLOW ROUNDS on this lease ($OUT/lease_check.txt): read this run's rows before merging them" ;;
+    3) echo "lease check: SLOW ROUNDS on this lease ($OUT/lease_check.txt): read this run's rows before merging them" ;;
     *) echo "lease check: did not finish ($OUT/lease_check.txt)" ;;
   esac
 fi
