@@ -32,7 +32,9 @@ PAGE, REPS = int(os.environ.get("PAGE", 64)), 50
 ROUNDS = int(os.environ.get("ROUNDS", 3))  # interleaved rounds per point
 
 
-def inputs(geometry, batch, ctx):
+def inputs(geometry, batch, ctx, page=PAGE):
+    """q, k_blk, v_blk and three contexts of the same random values' distribution (seeded by the
+    shape): the pool's pages shuffled, the same pool in order, and the arena."""
     gen = torch.Generator().manual_seed(batch * 7 + ctx)
     shape = (batch, geometry.block_size, geometry.num_q_heads, geometry.head_dim)
     kv_shape = (batch, geometry.block_size, geometry.num_kv_heads, geometry.head_dim)
@@ -40,9 +42,17 @@ def inputs(geometry, batch, ctx):
     lens = [ctx] * batch
     return dict(
         q=(q, kb, vb),
-        shuffled=random_paged_context(geometry, lens, PAGE, "cuda", gen, shuffle_pages=True),
-        in_order=random_paged_context(geometry, lens, PAGE, "cuda", gen, shuffle_pages=False),
+        shuffled=random_paged_context(geometry, lens, page, "cuda", gen, shuffle_pages=True),
+        in_order=random_paged_context(geometry, lens, page, "cuda", gen, shuffle_pages=False),
         arena=random_arena_context(geometry, lens, ctx, "cuda", gen))
+
+
+def layout_calls(backend, data) -> dict:
+    """`backend`'s call on each of `inputs`' three contexts, by layout name."""
+    q = data["q"]
+    return {"shuffled": lambda: backend.paged_attention(*q, *data["shuffled"]),
+            "in_order": lambda: backend.paged_attention(*q, *data["in_order"]),
+            "arena": lambda: backend.arena_attention(*q, *data["arena"])}
 
 
 def main() -> None:
@@ -53,10 +63,7 @@ def main() -> None:
         data = inputs(g, batch, ctx)
         q = data["q"]
         for spec in SPECS:
-            be = registry.from_spec(spec)
-            calls = {"shuffled": lambda: be.paged_attention(*q, *data["shuffled"]),
-                     "in_order": lambda: be.paged_attention(*q, *data["in_order"]),
-                     "arena": lambda: be.arena_attention(*q, *data["arena"])}
+            calls = layout_calls(registry.from_spec(spec), data)
             errs = []
             for name, fn in calls.items():
                 ref = (reference.paged_attention(*q, *data[name]) if name != "arena"

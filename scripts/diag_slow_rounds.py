@@ -21,8 +21,8 @@ import sys
 
 import torch
 
+from diag_page_order import inputs, layout_calls  # (scripts/ is the path's first entry when run)
 from drafter_attn.kernels import registry
-from drafter_attn.kernels.cache import random_arena_context, random_paged_context
 from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
 from drafter_attn.tuner import timing
 
@@ -47,20 +47,11 @@ def gpu_state() -> str:
         return f"n/a ({e})"
 
 
-def calls(spec: str, batch: int, ctx: int, page: int):
-    g = get_preset(MAIN_PRESET).with_(num_layers=1)
-    gen = torch.Generator().manual_seed(batch * 7 + ctx)
-    shape = (batch, g.block_size, g.num_q_heads, g.head_dim)
-    kv_shape = (batch, g.block_size, g.num_kv_heads, g.head_dim)
-    q = tuple(torch.randn(s, generator=gen).to(g.torch_dtype).cuda() for s in (shape, kv_shape, kv_shape))
-    lens = [ctx] * batch
-    data = {"shuffled": random_paged_context(g, lens, page, "cuda", gen, shuffle_pages=True),
-            "in_order": random_paged_context(g, lens, page, "cuda", gen, shuffle_pages=False),
-            "arena": random_arena_context(g, lens, ctx, "cuda", gen)}
-    be = registry.from_spec(spec)
-    fns = {name: (lambda d=d: be.paged_attention(*q, *d)) if name != "arena"
-           else (lambda d=d: be.arena_attention(*q, *d)) for name, d in data.items()}
-    return {name: timing.capture(fn) for name, fn in fns.items()}, data
+def graphs_for(spec: str, batch: int, ctx: int, page: int):
+    """The call of `spec` on diag_page_order's three contexts, captured (and those inputs)."""
+    data = inputs(get_preset(MAIN_PRESET).with_(num_layers=1), batch, ctx, page)
+    calls = layout_calls(registry.from_spec(spec), data)
+    return {name: timing.capture(fn) for name, fn in calls.items()}, data
 
 
 def main() -> int:
@@ -69,7 +60,7 @@ def main() -> int:
     cases = [(args[i], int(args[i + 1]), int(args[i + 2]), int(args[i + 3]))
              for i in range(0, len(args), 4)] if args else CASES
     for spec, batch, ctx, page in cases:
-        graphs, data = calls(spec, batch, ctx, page)
+        graphs, data = graphs_for(spec, batch, ctx, page)
         for g in graphs.values():  # warm: compiled, loaded, clocks up
             for _ in range(10):
                 g.replay()

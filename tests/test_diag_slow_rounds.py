@@ -1,9 +1,12 @@
 """scripts/diag_slow_rounds.py's verdict (the lease check of scripts/gpu_profile_specs.sh): which
 timing rounds count as slow."""
 import importlib.util
+import sys
 from pathlib import Path
 
-path = Path(__file__).resolve().parents[1] / "scripts" / "diag_slow_rounds.py"
+scripts = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(scripts))  # as when run: it takes diag_page_order's inputs
+path = scripts / "diag_slow_rounds.py"
 spec = importlib.util.spec_from_file_location("diag_slow_rounds", path)
 diag = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(diag)
