@@ -5,14 +5,18 @@
 # table's pick), PAGES its --page (0 alone: the arena only is not a choice there; a page size
 # always brings the arena row beside it). Each table takes at most TABLE_S seconds (120) and
 # ROUNDS interleaved rounds (3); the read floor is measured in the same run. Every variant is
-# compiled first, in parallel. No tests: use it where no kernel source changed (a parameter the
-# registry already takes), or after gpu_knob_ab.sh's matrix.                  -> NAME.csv each
+# compiled first, in parallel. No tests unless MATRIX names specs (space-separated, as in
+# tests/test_backends_gpu.py's BACKENDS): then first the GPU matrix's cases of exactly those specs,
+# with xdist (-n ${XDIST:-6}), at most TEST_S seconds (170). Without it, use this where no kernel
+# source changed (a parameter the registry already takes), or after gpu_knob_ab.sh's matrix.
+#                                                                           -> NAME.csv each
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 : "${CASES:?CASES lines: PRESET SHAPES PAGES IMPLS}"
 TOTAL=${TOTAL:-540}
 budgeted_run gpu_variants
 {
+  [ -n "${MATRIX:-}" ] && timeout 150 python3 scripts/precompile_gpu_matrix.py $MATRIX &
   while read -r preset shapes pages impls; do
     timeout 150 python3 scripts/precompile_gpu_matrix.py --no-tests --preset "$preset" \
       --page "$pages" --table "$impls" --shapes "$shapes" &
@@ -20,6 +24,15 @@ budgeted_run gpu_variants
   wait
 } > "$OUT/precompile.log" 2>&1
 grep variants "$OUT/precompile.log" | tee -a "$OUT/summary.txt"
+if [ -n "${MATRIX:-}" ]; then  # the node ids with one of the specs as a whole parameter
+  pattern=$(printf '%s\n' $MATRIX | sed 's/[.[\*^$]/\\&/g; s/.*/[-[]&[]-]/' | paste -sd'|')
+  mapfile -t ids < <(python3 -m pytest --collect-only -q tests/test_backends_gpu.py 2>/dev/null \
+                     | grep -E -e "$pattern")
+  echo "matrix: ${#ids[@]} cases of $MATRIX" | tee -a "$OUT/summary.txt"
+  timeout -s INT -k 10 "${TEST_S:-170}" python3 -m pytest -q -m gpu -n "${XDIST:-6}" \
+    -p no:cacheprovider "${ids[@]}" > "$OUT/tests.log" 2>&1
+  echo "tests rc=$? after ${SECONDS}s: $(tail -n 1 "$OUT/tests.log")" | tee -a "$OUT/summary.txt"
+fi
 RESERVE=20
 names=()
 while read -r preset shapes pages impls; do
