@@ -1,0 +1,92 @@
+"""Why a paged call can time slower in the attention table than in diag_page_order's pool: the
+table times the attention of a one-layer `DecodeStep` (tuner/step.py), whose pool has room for
+the step's store and whose lengths include the stored block (ctx + Qb: the last page part-full),
+where diag_page_order's pool holds exactly `ctx` tokens a request. This times one spec's call on
+each, interleaved in rounds of CUDA-graph replays (L2 flushed before each), with the pools in
+between:
+
+    plain      diag_page_order's shuffled pool, lengths ctx
+    plus_qb    the same kind of pool for lengths ctx + Qb, with the step's extra page a request
+    step       DecodeStep(...).attention_only, what bench.attention_table times
+    step_ctx   the step's own pool and table, lengths set back to ctx
+    arena      diag_page_order's arena
+
+    [ROUNDS=8] [REPS=20] python scripts/diag_step_pool.py [SPEC B CTX PAGE] ...   (on a GPU)
+
+Default: the table's B=8 32k page-128 pick (pair). Prints one line a round, then each layout's
+fastest round and the median of its rounds.
+"""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import sys
+
+import torch
+
+from diag_page_order import inputs  # (scripts/ is the path's first entry when run)
+from drafter_attn.kernels import registry
+from drafter_attn.kernels.cache import random_paged_context
+from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
+from drafter_attn.kernels.spec import Problem
+from drafter_attn.tuner import timing
+from drafter_attn.tuner.step import DecodeStep
+
+CASES = [("cupy:ws=3,tile_n=32,stages=6,lean=1,early_ids=1,one_trip=1,pair=1", 8, 32768, 128)]
+ROUNDS, REPS = int(os.environ.get("ROUNDS", 8)), int(os.environ.get("REPS", 20))
+
+
+def calls(spec: str, batch: int, ctx: int, page: int) -> dict:
+    """The five calls of the module docstring, by name."""
+    g = get_preset(MAIN_PRESET).with_(num_layers=1)
+    backend = registry.from_spec(spec)
+    data = inputs(g, batch, ctx, page)
+    q = data["q"]
+    qb = g.block_size
+    extra = math.ceil((ctx + qb) / page) - math.ceil(ctx / page)
+    gen = torch.Generator().manual_seed(batch * 7 + ctx + 1)
+    plus = random_paged_context(g, [ctx + qb] * batch, page, "cuda", gen, extra_pages=extra)
+    step = DecodeStep(Problem(g, "paged", page, batch, ctx), backend)
+    step.attention_only()  # lengths after the store
+    lens_ctx = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    kw = dict(mask=g.mask, window=g.window)
+
+    def step_ctx():
+        return backend.paged_attention(step.q[0], step.k_blk[0], step.v_blk[0], step.k_cache[0],
+                                       step.v_cache[0], step.table, lens_ctx, **kw)
+
+    return {"plain": lambda: backend.paged_attention(*q, *data["shuffled"], **kw),
+            "plus_qb": lambda: backend.paged_attention(*q, *plus, **kw),
+            "step": step.attention_only,
+            "step_ctx": step_ctx,
+            "arena": lambda: backend.arena_attention(*q, *data["arena"], **kw)}
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    cases = [(args[i], int(args[i + 1]), int(args[i + 2]), int(args[i + 3]))
+             for i in range(0, len(args), 4)] if args else CASES
+    for spec, batch, ctx, page in cases:
+        fns = calls(spec, batch, ctx, page)
+        graphs = {name: timing.capture(fn) for name, fn in fns.items()}
+        for g in graphs.values():
+            for _ in range(10):
+                g.replay()
+        print(f"\n{spec} B={batch} ctx={ctx} page={page}: {ROUNDS} rounds of {REPS} replays, "
+              "medians us (p10/p90)", flush=True)
+        meds = {name: [] for name in graphs}
+        for r in range(ROUNDS):
+            line = []
+            for name, g in graphs.items():
+                t = timing._each_timed(g.replay, REPS, cold_l2=True)
+                meds[name].append(t.median_us)
+                line.append(f"{name} {t.median_us:7.1f} ({t.p10_us:.1f}/{t.p90_us:.1f})")
+            print(f"{r:3d} " + "  ".join(line), flush=True)
+        for name, m in meds.items():
+            print(f"{name:9} fastest {min(m):.1f}, median of rounds {statistics.median(m):.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
