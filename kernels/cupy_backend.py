@@ -209,10 +209,6 @@ WS_STAGES = 6
 # Four consumers (`ws=4`) hold their O at 112 registers a thread only beside 32-key tiles' scores;
 # 12 stages of 32 keys keep the same 192 KB in flight as 6 of 64.
 WS4_TILE = dict(tile_n=32, stages=12)
-# One consumer (`ws=1`) runs two CTAs an SM, each with at most half its shared memory: 6 stages of
-# 32 keys (96 KB beside Q's 16 KB at head_dim 128) or, of 64-key tiles, 3; 192 KB in flight an SM.
-WS1_TILE = dict(tile_n=32, stages=6)
-WS1_STAGES_64 = 3
 # The deepest cp.async / TMA pipeline of the other paths (and of the CuTe backend): built and
 # GPU-tested up to 8 stages; the registry's range goes to 12 for the warp-specialised kernel.
 PIPELINE_MAX_STAGES = 8
@@ -354,17 +350,17 @@ def ws_knobs_reason(params: Params) -> str | None:
     `params.pair` cannot apply (None when they can, or are off): all are the warp-specialised
     kernel's (ws_overlap on its lean loop; pair on its one-CTA rows, an even split count)."""
     if params.early_ids and not params.ws:
-        return "early_ids=1 is the warp-specialised producer's (ws=1..4)"
-    if params.ws_rows and params.ws < 2:
+        return "early_ids=1 is the warp-specialised producer's (ws=2..4)"
+    if params.ws_rows and not params.ws:
         return "ws_rows=1 deals rows over the warp-specialised kernel's consumers (ws=2..4)"
     if params.q_step and not params.ws:
-        return "q_step=1 addresses the warp-specialised kernel's Q copies (ws=1..4)"
+        return "q_step=1 addresses the warp-specialised kernel's Q copies (ws=2..4)"
     if params.ws_overlap and not params.ws:
-        return "ws_overlap=1 pipelines the warp-specialised kernel's consumers (ws=1..4)"
+        return "ws_overlap=1 pipelines the warp-specialised kernel's consumers (ws=2..4)"
     if params.ws_overlap and not params.lean:
         return "ws_overlap=1 pipelines the lean consumer loop: it needs lean=1 (ws's default)"
     if params.pair and not params.ws:
-        return "pair=1 merges split pairs of the warp-specialised kernel (ws=1..4)"
+        return "pair=1 merges split pairs of the warp-specialised kernel (ws=2..4)"
     if params.pair and (params.ws_rows or params.row_split != 1):
         return "pair=1 hands a split's rows over in one CTA: not with ws_rows or row_split"
     if params.pair and params.num_splits % 2:
@@ -376,8 +372,7 @@ def ws_knobs_reason(params: Params) -> str | None:
 
 
 def ws_reason(params: Params, head_dim: int, warps: int, sm: int | None = None) -> str | None:
-    """Why `params.ws` cannot apply (None when it can, or is off): 1-4 consumers (one consumer's
-    CTA runs two an SM, so its shared memory must fit half an SM: `ws1_reason`), sm_90a,
+    """Why `params.ws` cannot apply (None when it can, or is off): 2-4 consumers, sm_90a,
     consumers of one warpgroup (at most 64 packed rows a CTA, `row_split` dealing more; with
     `ws_rows` 64 a consumer, all in one CTA), wgmma tiles, stages a multiple of the consumers
     (with 32-key tiles two a consumer, which its hand-over of O needs; `ws_rows` has neither);
@@ -385,8 +380,8 @@ def ws_reason(params: Params, head_dim: int, warps: int, sm: int | None = None) 
     overlap, tma); `lean` has a ws meaning of its own."""
     if not params.ws:
         return None
-    if params.ws not in (1, 2, 3, 4):
-        return f"ws={params.ws}: 1, 2, 3 or 4 consumer warpgroups (0: off)"
+    if params.ws not in (2, 3, 4):
+        return f"ws={params.ws}: 2, 3 or 4 consumer warpgroups (0: off)"
     if sm is not None and sm != 90:
         return f"ws needs sm_90a (TMA, wgmma, setmaxnreg), which SM {sm} does not have"
     if params.ws_rows and params.row_split != 1:
@@ -410,21 +405,6 @@ def ws_reason(params: Params, head_dim: int, warps: int, sm: int | None = None) 
                 f"(stages={params.stages}, ws={params.ws})")
     if params.q_smem or params.overlap or params.tma:
         return "ws loads its own tiles: q_smem, overlap and tma do not combine with it"
-    return ws1_reason(params, head_dim)
-
-
-def ws1_reason(params: Params, head_dim: int) -> str | None:
-    """Why a one-consumer ws CTA (`ws=1`) cannot run two an SM (None when it can, or ws is not
-    1): the kernel is compiled for two (half the register file each: 128 registers at launch,
-    its consumer 224 after setmaxnreg), and the split model plans two, so its shared memory,
-    plus the 1 KB the GPU reserves a CTA, must fit half of SM 90's."""
-    if params.ws != 1:
-        return None
-    need = ws_bytes(params.tile_n, params.stages, head_dim, 1, params.early_ids, False, params.pair)
-    half = sm_budget(90).smem_sm // 2 - 1024
-    if need > half:
-        return (f"ws=1 runs two CTAs an SM: tile_n={params.tile_n} stages={params.stages} need "
-                f"{need} bytes of shared memory, more than half an SM's ({half})")
     return None
 
 
@@ -596,8 +576,7 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
     warpgroups: 32-key tiles in 8 stages, Q in registers, not pipelined). Pipelined tiles that
     cp.async loads (below TMA's batch and context) take `lean`. The split combine runs
     a CTA a row up to `COMBINE_CTA_MAX_ROWS` packed rows a call, a warp a row above. With `ws`
-    (opt-in) the warp-specialised kernel takes `WS_STAGES` stages (one consumer: `WS1_TILE`, two
-    CTAs an SM) and its lean consumer loop,
+    (opt-in) the warp-specialised kernel takes `WS_STAGES` stages and its lean consumer loop,
     deals more than 64 rows over CTAs (`row_split`), and nothing of the pipelined path."""
     if problem is not None and "combine" not in overrides:
         g = problem.geometry
@@ -608,10 +587,7 @@ def default_params(problem: Problem | None = None, sm: int | None = None,
         # the tuned pick at 66 of the sm90 profile's 224 keys; results/perf-notes.md, "The ws
         # consumers' tile loop, trimmed")
         four = overrides["ws"] == 4 and not overrides.get("ws_rows")
-        tile = WS4_TILE if four else {"stages": WS_STAGES}
-        if overrides["ws"] == 1:  # the stages of two CTAs an SM (ws1_reason)
-            tile = WS1_TILE if overrides.get("tile_n", 32) == 32 else {"stages": WS1_STAGES_64}
-        overrides = {**tile, "lean": True, **overrides}
+        overrides = {**(WS4_TILE if four else {"stages": WS_STAGES}), "lean": True, **overrides}
         if overrides.get("ws_rows"):  # every row in one CTA (a Q stage a consumer): 32-key
             # tiles (four consumers' O fits only beside their scores), not the many-warp q_smem
             overrides = {"tile_n": 32, "q_smem": False, "row_split": 1, **overrides}
@@ -741,7 +717,7 @@ def tunables(problem: Problem | None = None) -> dict[str, list]:
         "row_split": [1, 2, 3],
         "lean": [False, True],
         "ctas_per_sm": [0, 1, 2],
-        "ws": [0, 1, 2, 3, 4],
+        "ws": [0, 2, 3, 4],
         "trim": [False, True],
         "early_ids": [False, True],
         "ws_rows": [False, True],

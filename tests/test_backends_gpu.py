@@ -57,8 +57,6 @@ BACKENDS = ["cupy", "cupy:wgmma=0", "cupy:overlap=1", "cupy:overlap=2", "cupy:tm
             "cupy:combine=1", "cupy:one_trip=1", "cupy:combine=1,one_trip=1",
             "cupy:ws=3,tile_n=32,stages=9,early_ids=1,q_step=1,one_trip=1",
             "cupy:ws=3,tile_n=32,stages=6,early_ids=1,one_trip=1,pair=1", "cupy:ws=2,stages=4,pair=1",
-            "cupy:ws=1", "cupy:ws=1,tile_n=64,early_ids=1,q_step=1,one_trip=1",
-            "cupy:ws=1,stages=4,early_ids=1,pair=1",
             "cutlass", "cutlass:wgmma=1"]
 
 

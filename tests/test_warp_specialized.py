@@ -1,4 +1,4 @@
-"""CPU: the warp-specialised kernel, `cupy:ws=1` .. `=4` (kernels/cuda/warp_specialized.cuh).
+"""CPU: the warp-specialised kernel, `cupy:ws=2` / `=3` / `=4` (kernels/cuda/warp_specialized.cuh).
 
 Which shapes and knobs it takes (refused before any kernel runs, with the reason), the defines
 and shared memory the host plans for it, and that its sm_90a variants compile (the two-consumer
@@ -63,13 +63,12 @@ def test_refused_combinations_say_why(spec, words):
     assert words in registry.from_spec(spec).supports(_problem(), 90)
 
 
-def test_only_sm90_and_only_1_to_4_consumers():
+def test_only_sm90_and_only_2_or_3_consumers():
     assert "sm_90a" in registry.from_spec("cupy:ws=2").supports(_problem(), 100)
-    assert "sm_90a" in registry.from_spec("cupy:ws=1").supports(_problem(), 100)
-    for bad in (5, 6):
+    for bad in (1, 5):
         with pytest.raises(ValueError, match="ws"):
             registry.from_spec(f"cupy:ws={bad}")
-    assert cb.tunables()["ws"] == [0, 1, 2, 3, 4]
+    assert cb.tunables()["ws"] == [0, 2, 3, 4]
     assert registry.from_spec("cupy").params_for(_problem(), 90).ws == 0  # opt-in
 
 
@@ -372,59 +371,3 @@ def test_pair_compiles_without_spills_and_meets_its_peer_in_the_cluster(cache_di
     assert paired["UCGABAR_ARV"] == paired["UCGABAR_WAIT"] == 1
     assert paired["HGMMA"] == counts[""]["HGMMA"]
     assert paired["MEMBAR.ALL.GPU"] == 0 and paired["STAS"] == g.head_dim // 8 + 1
-
-
-@pytest.mark.parametrize("tile_n,stages", [(32, 6), (64, 3)])
-def test_one_consumer_takes_half_an_sm(tile_n, stages):
-    """`ws=1`: a producer warpgroup and one consumer, two CTAs an SM. Its defaults are the
-    stages whose shared memory (plus the 1 KB reserved a CTA) fits half of SM 90's, and the
-    split model counts two such CTAs an SM."""
-    spec = "cupy:ws=1" if tile_n == 32 else "cupy:ws=1,tile_n=64"
-    backend = registry.from_spec(spec)
-    p = backend.params_for(_problem(page=128, batch=32), 90)
-    assert (p.ws, p.tile_n, p.stages, p.lean, p.row_split) == (1, tile_n, stages, True, 1)
-    assert backend.supports(_problem(page=128, batch=32), 90) is None
-    need = p.smem_bytes(128, 4, True, 128)
-    assert need == stages * 2 * tile_n * 128 * 2 + 64 * 128 * 2 + stages * 16 + 8  # no hand-over
-    assert 2 * (need + 1024) <= cb.sm_budget(90).smem_sm < 3 * (need + 1024)
-    assert cb.ws_threads(1) == 256
-    module = cb.Module(None, None, None, need, 128, 256)  # 128 registers at launch (below)
-    assert module.resident_ctas(cb.sm_budget(90).smem_sm) == 2
-
-
-@pytest.mark.parametrize("spec,words", [
-    ("cupy:ws=1,stages=7", "more than half an SM's"),
-    ("cupy:ws=1,tile_n=64,stages=4", "more than half an SM's"),
-    ("cupy:ws=1,tile_n=128", "more than half an SM's"),
-    ("cupy:ws=1,early_ids=1,pair=1", "more than half an SM's"),  # the pair's 17 KB buffer
-    ("cupy:ws=1,ws_rows=1", "ws=2..4"),
-])
-def test_one_consumer_refusals_say_why(spec, words):
-    reason = registry.from_spec(spec).supports(_problem(), 90)
-    assert reason and words in reason
-
-
-@pytest.mark.parametrize("spec,page", [("ws=1", 128), ("ws=1", 64), ("ws=1", 16), ("ws=1", None),
-                                       ("ws=1,early_ids=1,q_step=1,one_trip=1", 128),
-                                       ("ws=1,tile_n=64", 64), ("ws=1,ws_overlap=1", 128),
-                                       ("ws=1,stages=4,early_ids=1,pair=1", 64)])
-def test_one_consumer_compiles_for_two_ctas_an_sm(cache_dir, spec, page):
-    """ptxas compiles the 256-thread kernel at 128 registers (two CTAs an SM: __launch_bounds__
-    min 2); setmaxnreg then gives the producer 32 and the consumer 224, which together are what
-    the CTA launched with. No spills, and no hand-over barrier among consumers."""
-    g = get_preset(MAIN_PRESET)
-    p = registry.from_spec(f"cupy:{spec}").params_for(_problem(page=page, batch=32), 90)
-    d = cb.variant_defines("bfloat16", 128, page, g.block_size, g.group, p, 90)
-    assert d["WS_CONSUMERS"] == 1
-    res = cb.compile_variant(d, 90)
-    assert res.arch == "sm_90a" and res.spills == 0
-    assert res.resources["drafter_attention"].registers == 128
-    sass = static_profile.sass_text(res.cubin_path, "drafter_attention")
-    if sass is None:
-        pytest.skip("no cuobjdump")
-    assert re.search(r"USETMAXREG\.DEALLOC\.CTAPOOL 0x20\b", sass)  # the producer: 32
-    assert re.search(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL UP0, 0xe0\b", sass)  # the consumer: 224
-    # named barriers: the zeroing of a last tile's V rows, consumer 0's 128 threads; no merge
-    # among consumers (two consumers' is 256 threads: 0x100)
-    counts = re.findall(r"BAR\.SYNC\.DEFER_BLOCKING \w+, (0x[0-9a-f]+)", sass)
-    assert counts and set(counts) == {"0x80"}, counts

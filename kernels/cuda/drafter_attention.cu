@@ -21,8 +21,8 @@
 // the consumers' leaner tile loop), TRIM (the software-pipelined wgmma loop trimmed as that ws
 // one: descriptors advanced by offsets, the mask behind one branch a tile, O rescaled only when a
 // row's max moves by more than 2^8), WARP_SPEC (with WS_CONSUMERS: a producer warpgroup issuing
-// the TMA copies and 1-4 consumer warpgroups taking the tiles in turn, one CTA an SM, two with
-// one consumer: warp_specialized.cuh, whose body replaces this file's).
+// the TMA copies and 2-4 consumer warpgroups taking the tiles in turn, one CTA an SM:
+// warp_specialized.cuh, whose body replaces this file's).
 //
 // One CTA = one (request b, KV head, KV split). Its Qb*G query rows (all query heads sharing the KV
 // head, for every block position) form one M-tile, so each K/V byte is read once per split and
@@ -328,7 +328,7 @@ constexpr float RESCALE_SLACK = 8.f;
 #else
 #define WS_CLUSTER
 #endif
-extern "C" __global__ void WS_CLUSTER __launch_bounds__(WS_THREADS, WS_MIN_CTAS)
+extern "C" __global__ void WS_CLUSTER __launch_bounds__(WS_THREADS, 1)
     drafter_attention(DRAFTER_KERNEL_PARAMS, const __grid_constant__ TmaMap tma_k,
                       const __grid_constant__ TmaMap tma_v) {
   ws_attention_body(DRAFTER_BODY_ARGS, &tma_k, &tma_v);

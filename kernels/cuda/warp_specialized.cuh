@@ -1,10 +1,7 @@
-// The warp-specialised body of drafter_attention (WARP_SPEC=1, sm_90a; cupy_backend `ws=1`..`=4`).
+// The warp-specialised body of drafter_attention (WARP_SPEC=1, sm_90a; cupy_backend `ws=2`..`=4`).
 // Included by drafter_attention.cu after its tile layout and TMA constants, whose names it uses.
 //
-// One CTA of 1 + WS_CONSUMERS warpgroups (2, 3 or 4 consumers), one CTA an SM; or (one consumer)
-// two CTAs an SM, each half the register file and at most half the shared memory, so that a
-// grid of up to 2 x SMs CTAs runs in one wave with every CTA's loads issued by its own producer
-// (cupy_backend plans the second CTA: `ws1_reason`):
+// One CTA of 1 + WS_CONSUMERS warpgroups (2, 3 or 4 consumers), one CTA an SM:
 // - warpgroup 0, the producer: lane 0 of its first warp issues every context tile's bulk tensor
 //   copies (TMA) into a ring of STAGES K/V stages, each completing on that stage's `full`
 //   barrier; the warp's lanes hold the split's page ids, 32 at a time, a chunk ahead. The block's
@@ -63,9 +60,7 @@
 #endif
 namespace {
 constexpr int WS_THREADS = 128 * (1 + WS_CONSUMERS);
-// CTAs an SM the kernel is compiled for (__launch_bounds__): one consumer's CTA is half an SM
-constexpr int WS_MIN_CTAS = WS_CONSUMERS == 1 ? 2 : 1;
-static_assert(WS_CONSUMERS >= 1 && WS_CONSUMERS <= 4, "WARP_SPEC: 1, 2, 3 or 4 consumer warpgroups");
+static_assert(WS_CONSUMERS >= 2 && WS_CONSUMERS <= 4, "WARP_SPEC: 2, 3 or 4 consumer warpgroups");
 static_assert(WGMMA && TMA_LOADS && NUM_WARPS == 4 && !Q_SMEM && !OVERLAP,
               "WARP_SPEC: wgmma with TMA copies, 64-row consumers, its own Q stage");
 constexpr int Q_ELEMS = 64 * D;  // the CTA's 64 packed rows, in 64-column halves as a K tile
@@ -152,23 +147,20 @@ __device__ __forceinline__ void mbar_wait_cluster(unsigned long long* bar, unsig
 }  // namespace drafter
 #endif
 
-// Producer and consumer registers. The CTA launches with what ptxas gives every thread for
-// WS_MIN_CTAS CTAs an SM (WS_LAUNCH_REGS: 128, 168, 128 or 96 for 1, 2, 3 or 4 consumers);
-// `setmaxnreg.inc` only takes what the producer's `setmaxnreg.dec` gave back, and waits for it
-// forever otherwise. So 128 x 32 + 128 x 224 (1 consumer) = 256 x 128;
-// 128 x 24 + 256 x 240 (2) = 384 x 168; 128 x 24 + 384 x 160 (3) <= 512 x 128;
+// Producer and consumer registers. The CTA launches with what ptxas gives every thread for one
+// CTA an SM (WS_LAUNCH_REGS: 168, 128 or 96 for 2, 3 or 4 consumers); `setmaxnreg.inc` only takes
+// what the producer's `setmaxnreg.dec` gave back, and waits for it forever otherwise. So
+// 128 x 24 + 256 x 240 (2 consumers) = 384 x 168; 128 x 24 + 384 x 160 (3) <= 512 x 128;
 // 128 x 24 + 512 x 112 (4) <= 640 x 96 (120 would hang: found on an H200). With EARLY_IDS, three
 // and four consumers leave the producer 32 (both sums then equal), where 24 spill at page 128.
 #ifndef WS_PRODUCER_REGS
-#define WS_PRODUCER_REGS ((EARLY_IDS && WS_CONSUMERS > 2) || WS_CONSUMERS == 1 ? 32 : 24)
+#define WS_PRODUCER_REGS (EARLY_IDS && WS_CONSUMERS > 2 ? 32 : 24)
 #endif
 #ifndef WS_CONSUMER_REGS
-#define WS_CONSUMER_REGS \
-  (WS_CONSUMERS == 1 ? 224 : WS_CONSUMERS == 2 ? 240 : WS_CONSUMERS == 3 ? 160 : 112)
+#define WS_CONSUMER_REGS (WS_CONSUMERS == 2 ? 240 : WS_CONSUMERS == 3 ? 160 : 112)
 #endif
 namespace {
-constexpr int WS_LAUNCH_REGS_RAW = 65536 / (WS_THREADS * WS_MIN_CTAS) / 8 * 8;
-constexpr int WS_LAUNCH_REGS = WS_LAUNCH_REGS_RAW < 255 ? WS_LAUNCH_REGS_RAW : 255;
+constexpr int WS_LAUNCH_REGS = (65536 / WS_THREADS / 8 * 8) < 255 ? 65536 / WS_THREADS / 8 * 8 : 255;
 static_assert(WS_CONSUMERS * (WS_CONSUMER_REGS - WS_LAUNCH_REGS) <= WS_LAUNCH_REGS - WS_PRODUCER_REGS,
               "WARP_SPEC: the consumers' setmaxnreg.inc must fit what the producer gives back");
 }  // namespace
@@ -737,7 +729,7 @@ __device__ __forceinline__ void ws_attention_body(
       ml[256 + ctid] = l0;
       ml[384 + ctid] = l1;
     }
-    if constexpr (WS_CONSUMERS > 1) named_barrier(MERGE_BARRIER, 128 * WS_CONSUMERS);
+    named_barrier(MERGE_BARRIER, 128 * WS_CONSUMERS);
     if (c > 0) return;
 #if TRACE
     if (ctid == 0) TRACE_AT(9);
