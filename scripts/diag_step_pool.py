@@ -11,10 +11,15 @@ between:
     step_ctx   the step's own pool and table, lengths set back to ctx
     arena      diag_page_order's arena
 
-    [ROUNDS=8] [REPS=20] python scripts/diag_step_pool.py [SPEC B CTX PAGE] ...   (on a GPU)
+each timed with the L2 flushed before every replay (`cold`, as the diag scripts time) and without
+(`warm`: back-to-back replays, as bench.attention_table and the tuner time a step of more than
+four L2 sizes, tuner.measure.FLUSH_BELOW_L2_MULTIPLE).
 
-Default: the table's B=8 32k page-128 pick (pair). Prints one line a round, then each layout's
-fastest round and the median of its rounds.
+    [ROUNDS=8] [REPS=20] [MODES=cold,warm] python scripts/diag_step_pool.py [SPEC B CTX PAGE] ...
+
+(on a GPU). Default: the table's B=8 32k page-128 pick (pair). Prints one line a round and mode
+(with nvidia-smi's clocks, power and throttle reasons after the round), then each layout's and
+mode's fastest round and the median of its rounds.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import sys
 import torch
 
 from diag_page_order import inputs  # (scripts/ is the path's first entry when run)
+from diag_slow_rounds import gpu_state
 from drafter_attn.kernels import registry
 from drafter_attn.kernels.cache import random_paged_context
 from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
@@ -35,6 +41,7 @@ from drafter_attn.tuner.step import DecodeStep
 
 CASES = [("cupy:ws=3,tile_n=32,stages=6,lean=1,early_ids=1,one_trip=1,pair=1", 8, 32768, 128)]
 ROUNDS, REPS = int(os.environ.get("ROUNDS", 8)), int(os.environ.get("REPS", 20))
+MODES = os.environ.get("MODES", "cold,warm").split(",")
 
 
 def calls(spec: str, batch: int, ctx: int, page: int) -> dict:
@@ -74,17 +81,18 @@ def main() -> int:
             for _ in range(10):
                 g.replay()
         print(f"\n{spec} B={batch} ctx={ctx} page={page}: {ROUNDS} rounds of {REPS} replays, "
-              "medians us (p10/p90)", flush=True)
-        meds = {name: [] for name in graphs}
+              "medians us (p10/p90); then clocks.sm, clocks.mem, power, temperature, throttle", flush=True)
+        meds = {(name, mode): [] for mode in MODES for name in graphs}
         for r in range(ROUNDS):
-            line = []
-            for name, g in graphs.items():
-                t = timing._each_timed(g.replay, REPS, cold_l2=True)
-                meds[name].append(t.median_us)
-                line.append(f"{name} {t.median_us:7.1f} ({t.p10_us:.1f}/{t.p90_us:.1f})")
-            print(f"{r:3d} " + "  ".join(line), flush=True)
-        for name, m in meds.items():
-            print(f"{name:9} fastest {min(m):.1f}, median of rounds {statistics.median(m):.1f}")
+            for mode in MODES:
+                line = []
+                for name, g in graphs.items():
+                    t = timing._each_timed(g.replay, REPS, cold_l2=mode == "cold")
+                    meds[name, mode].append(t.median_us)
+                    line.append(f"{name} {t.median_us:7.1f} ({t.p10_us:.1f}/{t.p90_us:.1f})")
+                print(f"{r:3d} {mode} " + "  ".join(line) + f"  | {gpu_state()}", flush=True)
+        for (name, mode), m in meds.items():
+            print(f"{name:9} {mode}: fastest {min(m):.1f}, median of rounds {statistics.median(m):.1f}")
     return 0
 
 
