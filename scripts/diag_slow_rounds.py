@@ -29,7 +29,7 @@ from drafter_attn.tuner import timing
 CASES = [("cupy:ws=3,tile_n=32,stages=6,early_ids=1,one_trip=1,pair=1", 8, 32768, 128),
          ("cupy:ws=3,tile_n=32,stages=6,early_ids=1,lean=1", 4, 131072, 64)]
 ROUNDS, REPS = int(os.environ.get("ROUNDS", 40)), int(os.environ.get("REPS", 20))
-SMI = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
+SMI = "clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active"
 SLOW = 1.03  # a round this far over the layout's fastest round is a slow one
 
 

@@ -25,7 +25,7 @@ budgeted_run() {
   rm -f "$db" "$db-wal" "$db-shm"
   trap "tar czf \"$OUT/extras.tgz\" -C /tmp $1.db 2>/dev/null" EXIT
   {
-    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
     git log -1 --format='commit %h %s' 2>/dev/null
   } > "$OUT/summary.txt"
 }
