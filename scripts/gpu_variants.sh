@@ -25,9 +25,7 @@ budgeted_run gpu_variants
 } > "$OUT/precompile.log" 2>&1
 grep variants "$OUT/precompile.log" | tee -a "$OUT/summary.txt"
 if [ -n "${MATRIX:-}" ]; then  # the node ids with one of the specs as a whole parameter
-  pattern=$(printf '%s\n' $MATRIX | sed 's/[.[\*^$]/\\&/g; s/.*/[-[]&[]-]/' | paste -sd'|')
-  mapfile -t ids < <(python3 -m pytest --collect-only -q tests/test_backends_gpu.py 2>/dev/null \
-                     | grep -E -e "$pattern")
+  mapfile -t ids < <(python3 scripts/matrix_ids.py $MATRIX)
   echo "matrix: ${#ids[@]} cases of $MATRIX" | tee -a "$OUT/summary.txt"
   timeout -s INT -k 10 "${TEST_S:-170}" python3 -m pytest -q -m gpu -n "${XDIST:-6}" \
     -p no:cacheprovider "${ids[@]}" > "$OUT/tests.log" 2>&1
