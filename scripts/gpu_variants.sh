@@ -27,6 +27,7 @@ grep variants "$OUT/precompile.log" | tee -a "$OUT/summary.txt"
 if [ -n "${MATRIX:-}" ]; then  # the node ids with one of the specs as a whole parameter
   mapfile -t ids < <(python3 scripts/matrix_ids.py $MATRIX)
   echo "matrix: ${#ids[@]} cases of $MATRIX" | tee -a "$OUT/summary.txt"
+  (( ${#ids[@]} )) || { echo "no test runs those specs: not in BACKENDS?" | tee -a "$OUT/summary.txt"; exit 2; }
   timeout -s INT -k 10 "${TEST_S:-170}" python3 -m pytest -q -m gpu -n "${XDIST:-6}" \
     -p no:cacheprovider "${ids[@]}" > "$OUT/tests.log" 2>&1
   echo "tests rc=$? after ${SECONDS}s: $(tail -n 1 "$OUT/tests.log")" | tee -a "$OUT/summary.txt"
