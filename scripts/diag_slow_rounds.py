@@ -47,6 +47,29 @@ def gpu_state() -> str:
         return f"n/a ({e})"
 
 
+def parse_cases(args: list[str], default: list[tuple]) -> list[tuple[str, int, int, int]]:
+    """SPEC B CTX PAGE ... from the command line, or `default` without arguments."""
+    return [(args[i], int(args[i + 1]), int(args[i + 2]), int(args[i + 3]))
+            for i in range(0, len(args), 4)] if args else default
+
+
+def warm_up(graphs: dict) -> None:
+    """Replay each graph ten times: compiled, loaded, clocks up."""
+    for g in graphs.values():
+        for _ in range(10):
+            g.replay()
+
+
+def timed_round(graphs: dict, reps: int, label: str, cold_l2: bool = True) -> dict:
+    """One round: each graph's `reps` replays timed alone (the L2 flushed before each when
+    `cold_l2`), printed on one line after `label` with the GPU's state after the round;
+    {name: Timing}."""
+    got = {name: timing._each_timed(g.replay, reps, cold_l2=cold_l2) for name, g in graphs.items()}
+    print(f"{label} " + "  ".join(f"{n} {t.median_us:7.1f} ({t.p10_us:.1f}/{t.p90_us:.1f})"
+                                  for n, t in got.items()) + f"  | {gpu_state()}", flush=True)
+    return got
+
+
 def graphs_for(spec: str, batch: int, ctx: int, page: int):
     """The call of `spec` on diag_page_order's three contexts, captured (and those inputs)."""
     data = inputs(get_preset(MAIN_PRESET).with_(num_layers=1), batch, ctx, page)
@@ -55,26 +78,15 @@ def graphs_for(spec: str, batch: int, ctx: int, page: int):
 
 
 def main() -> int:
-    args = sys.argv[1:]
     any_slow = False
-    cases = [(args[i], int(args[i + 1]), int(args[i + 2]), int(args[i + 3]))
-             for i in range(0, len(args), 4)] if args else CASES
-    for spec, batch, ctx, page in cases:
+    for spec, batch, ctx, page in parse_cases(sys.argv[1:], CASES):
         graphs, data = graphs_for(spec, batch, ctx, page)
-        for g in graphs.values():  # warm: compiled, loaded, clocks up
-            for _ in range(10):
-                g.replay()
+        warm_up(graphs)
         print(f"\n{spec} B={batch} ctx={ctx} page={page}: {ROUNDS} rounds of {REPS} replays, "
               f"medians us (p10/p90); then {SMI}", flush=True)
-        rows = []
-        for r in range(ROUNDS):
-            got = {name: timing._each_timed(g.replay, REPS, cold_l2=True) for name, g in graphs.items()}
-            state = gpu_state()
-            rows.append((got, state))
-            print(f"{r:3d} " + "  ".join(f"{n} {t.median_us:7.1f} ({t.p10_us:.1f}/{t.p90_us:.1f})"
-                                         for n, t in got.items()) + f"  | {state}", flush=True)
+        rounds = [timed_round(graphs, REPS, f"{r:3d}") for r in range(ROUNDS)]
         for name in graphs:
-            meds = [got[name].median_us for got, _ in rows]
+            meds = [got[name].median_us for got in rounds]
             slow = slow_rounds(meds)
             any_slow = any_slow or bool(slow)
             print(f"{name:9} fastest {min(meds):.1f}, median of rounds {statistics.median(meds):.1f}, "

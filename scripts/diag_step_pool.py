@@ -31,7 +31,7 @@ import sys
 import torch
 
 from diag_page_order import inputs  # (scripts/ is the path's first entry when run)
-from diag_slow_rounds import gpu_state
+from diag_slow_rounds import SMI, parse_cases, timed_round, warm_up
 from drafter_attn.kernels import registry
 from drafter_attn.kernels.cache import random_paged_context
 from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
@@ -71,26 +71,17 @@ def calls(spec: str, batch: int, ctx: int, page: int) -> dict:
 
 
 def main() -> int:
-    args = sys.argv[1:]
-    cases = [(args[i], int(args[i + 1]), int(args[i + 2]), int(args[i + 3]))
-             for i in range(0, len(args), 4)] if args else CASES
-    for spec, batch, ctx, page in cases:
-        fns = calls(spec, batch, ctx, page)
-        graphs = {name: timing.capture(fn) for name, fn in fns.items()}
-        for g in graphs.values():
-            for _ in range(10):
-                g.replay()
+    for spec, batch, ctx, page in parse_cases(sys.argv[1:], CASES):
+        graphs = {name: timing.capture(fn) for name, fn in calls(spec, batch, ctx, page).items()}
+        warm_up(graphs)
         print(f"\n{spec} B={batch} ctx={ctx} page={page}: {ROUNDS} rounds of {REPS} replays, "
-              "medians us (p10/p90); then clocks.sm, clocks.mem, power, temperature, throttle", flush=True)
+              f"medians us (p10/p90); then {SMI}", flush=True)
         meds = {(name, mode): [] for mode in MODES for name in graphs}
         for r in range(ROUNDS):
             for mode in MODES:
-                line = []
-                for name, g in graphs.items():
-                    t = timing._each_timed(g.replay, REPS, cold_l2=mode == "cold")
+                got = timed_round(graphs, REPS, f"{r:3d} {mode}", cold_l2=mode == "cold")
+                for name, t in got.items():
                     meds[name, mode].append(t.median_us)
-                    line.append(f"{name} {t.median_us:7.1f} ({t.p10_us:.1f}/{t.p90_us:.1f})")
-                print(f"{r:3d} {mode} " + "  ".join(line) + f"  | {gpu_state()}", flush=True)
         for (name, mode), m in meds.items():
             print(f"{name:9} {mode}: fastest {min(m):.1f}, median of rounds {statistics.median(m):.1f}")
     return 0
