@@ -7,7 +7,8 @@
 # shipped table's winners with a knob changed
 # (`tuner refine profiles/sm90.json $REFINE`), after the specs, within the same SWEEP_S; add
 # --with-winners to REFINE to measure each winner, its runners-up and its refined candidate in
-# this sweep.
+# this sweep. Several refines, one after another, separated by ';':
+#   REFINE="--with-winners --min-ctx 128k --max-batch 4 --preset qwen3-8b-dflash-b16; --set stages=9 --where ws --min-ctx 128k --max-batch 4 --preset qwen3-8b-dflash-b16"
 # $OUT/sm90.db and $OUT/lease_check.txt come back (the database's journal folded in); then, in a
 # checkout:
 #   cp OUT/sm90.db profiles/sm90.db
@@ -18,9 +19,13 @@ db="$OUT/sm90.db"
 cp profiles/sm90.db "$db"
 args=()
 for spec in "$@"; do args+=(--sweep "$spec"); done
-read -ra refine <<< "${REFINE:-}"
-python3 scripts/precompile_gpu_matrix.py --no-tests "${args[@]}" \
-  ${REFINE:+--refine profiles/sm90.json "${refine[@]}"} --db "$db" 2>&1 | tail -n 1
+IFS=';' read -ra refines <<< "${REFINE:-}"
+python3 scripts/precompile_gpu_matrix.py --no-tests "${args[@]}" --db "$db" 2>&1 | tail -n 1
+for one in "${refines[@]}"; do
+  read -ra refine <<< "$one"
+  python3 scripts/precompile_gpu_matrix.py --no-tests --refine profiles/sm90.json "${refine[@]}" \
+    --db "$db" 2>&1 | tail -n 1
+done
 # The lease first (about 15 s; SKIP_LEASE_CHECK=1 leaves it out): some H200 leases run paged
 # calls over a gigabyte 4-12% slower in some timing rounds than in others, which flips keys on
 # noise (results/perf-notes.md, "Paged calls at page 128 and 128k"). Rows from a lease that shows
@@ -41,12 +46,15 @@ for spec in "$@"; do
     > "$OUT/$(basename "$spec" .toml).log" 2>&1
   echo "$spec: exit $?, $(tail -n 1 "$OUT/$(basename "$spec" .toml).log")"
 done
-if [ -n "${REFINE:-}" ]; then
-  left=$(( deadline - SECONDS ))
-  timeout -s INT -k 20 "$(( left > 10 ? left : 10 ))" python3 -m drafter_attn.tuner refine \
-    profiles/sm90.json "${refine[@]}" --db "$db" --no-progress > "$OUT/refine.log" 2>&1
-  echo "refine $REFINE: exit $?, $(tail -n 1 "$OUT/refine.log")"
-fi
+n=0
+for one in "${refines[@]}"; do
+  read -ra refine <<< "$one"
+  n=$(( n + 1 )); left=$(( deadline - SECONDS ))
+  (( left < 10 )) && { echo "refine $one: no time left"; continue; }
+  timeout -s INT -k 20 "$left" python3 -m drafter_attn.tuner refine \
+    profiles/sm90.json "${refine[@]}" --db "$db" --no-progress > "$OUT/refine$n.log" 2>&1
+  echo "refine $one: exit $?, $(tail -n 1 "$OUT/refine$n.log")"
+done
 python3 - "$db" "$@" <<'PY'
 import sqlite3, sys
 from drafter_attn.kernels.nvrtc import sources_digest

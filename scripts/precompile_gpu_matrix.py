@@ -26,6 +26,7 @@ import torch  # noqa: E402
 from drafter_attn.kernels import registry  # noqa: E402
 from drafter_attn.kernels.presets import MAIN_PRESET, get_preset  # noqa: E402
 from drafter_attn.kernels.spec import Problem  # noqa: E402
+from drafter_attn.tuner.sizes import parse_size  # noqa: E402
 from tests import test_backends_gpu as matrix  # noqa: E402
 
 
@@ -135,7 +136,8 @@ def main(argv=None):
     ap.add_argument("specs", nargs="*", help="backend specs of the test matrix (default: its BACKENDS)")
     ap.add_argument("--no-tests", action="store_true", help="leave out the test matrix")
     ap.add_argument("--table", default="", help="';'-separated specs as bench.attention_table --impl")
-    ap.add_argument("--preset", default=MAIN_PRESET)
+    ap.add_argument("--preset", help=f"with --table: its preset (default {MAIN_PRESET}); with "
+                    "--refine: only that preset's keys")
     ap.add_argument("--page", default="16,64,128")
     ap.add_argument("--shapes", default="", help="with --table auto: the BxCTX shapes of the table's --shapes")
     ap.add_argument("--sweep", action="append", default=[], metavar="SPEC",
@@ -146,6 +148,8 @@ def main(argv=None):
     ap.add_argument("--where", action="append", default=[], metavar="NAME", help="with --refine")
     ap.add_argument("--max-batch", type=int, metavar="N", help="with --refine")
     ap.add_argument("--min-batch", type=int, metavar="N", help="with --refine")
+    ap.add_argument("--min-ctx", type=parse_size, metavar="TOKENS", help="with --refine")
+    ap.add_argument("--max-ctx", type=parse_size, metavar="TOKENS", help="with --refine")
     ap.add_argument("--with-winners", action="store_true", help="with --refine: the winners and "
                     "their runners-up too (`tuner refine --with-winners` measures them all again, so "
                     "--db leaves none out)")
@@ -163,16 +167,17 @@ def main(argv=None):
     if args.table:
         from drafter_attn.bench.attention_table import shapes
 
-        todo |= table_jobs(args.table.split(";"), args.preset, [int(p) for p in args.page.split(",")], sm,
+        todo |= table_jobs(args.table.split(";"), args.preset or MAIN_PRESET, [int(p) for p in args.page.split(",")], sm,
                            shapes(args.shapes))
     todo |= sweep_jobs(args.sweep, sm, args.db)
     if args.refine:
         from drafter_attn.kernels.registry import parse_spec
         from drafter_attn.tuner.refine import refine_candidates
 
-        sets = parse_spec("cupy:" + ",".join(args.set))[1]
+        sets = parse_spec("cupy:" + ",".join(args.set))[1] if args.set else {}
         found = refine_candidates(args.refine, sets, tuple(args.where), max_batch=args.max_batch,
-                                  with_winners=args.with_winners, min_batch=args.min_batch)[0]
+                                  with_winners=args.with_winners, min_batch=args.min_batch,
+                                  min_ctx=args.min_ctx, max_ctx=args.max_ctx, preset=args.preset)[0]
         todo |= candidate_jobs(found, sm, None if args.with_winners else args.db)
     todo = sorted(j for j in todo if j is not None)
     with ProcessPoolExecutor(os.cpu_count()) as pool:

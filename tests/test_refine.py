@@ -136,3 +136,46 @@ def test_the_cli_measures_the_winners_again_only_when_asked(monkeypatch, tmp_pat
     assert cli.main(base + ["--with-winners"]) == 0
     pairs, _ = refine_candidates(TABLE, {"one_trip": True}, (), max_batch=8, with_winners=True)
     assert seen["fresh"] == {c.key() for c in pairs} and seen["n"] == len(pairs) > n_plain
+
+
+def test_ctx_and_preset_filters_keep_those_keys_only():
+    """`--min-ctx`, `--max-ctx` and `--preset`: the winners of those keys, no others."""
+    main = "qwen3-8b-dflash-b16"
+    cands, _ = refine_candidates(TABLE, {}, with_winners=True, min_ctx=128 * 1024, max_batch=4, preset=main)
+    want = {(e["layout"], e["page_size"], e["batch"], e["ctx_len"]) for e in _winners()
+            if e["ctx_len"] >= 128 * 1024 and e["batch"] <= 4 and e["provenance"]["preset"] == main}
+    got = {(c.problem.layout, c.problem.page_size, c.problem.batch, c.problem.ctx_len) for c in cands}
+    assert want and got == want
+    assert all(c.preset == main for c in cands)
+    short, _ = refine_candidates(TABLE, {}, with_winners=True, max_ctx=8192)
+    assert short and all(c.problem.ctx_len <= 8192 for c in short)
+    assert not {c.key() for c in short} & {c.key() for c in cands}
+
+
+def test_with_winners_alone_measures_the_contenders_and_nothing_new(monkeypatch, tmp_path):
+    """No --set: the winners and their runners-up as they were measured, every one a row the
+    shipped database holds, all of them fresh; neither option: refused before any work."""
+    seen = {}
+
+    def fake_sweep(candidates, path, **kw):
+        seen.update(keys={c.key() for c in candidates}, fresh=set(kw["fresh"]))
+
+        class Out:
+            sweep_id = "x"
+
+            def summary(self):
+                return "faked"
+        return Out()
+
+    monkeypatch.setattr("drafter_attn.tuner.sweep.run_sweep", fake_sweep)
+    base = ["refine", str(TABLE), "--min-ctx", "128k", "--preset", "qwen3-8b-dflash-b16",
+            "--db", str(tmp_path / "r.db")]
+    assert cli.main(base + ["--with-winners"]) == 0
+    db_keys = {row[0] for row in sqlite3.connect(f"file:{DB}?mode=ro", uri=True).execute(
+        "SELECT DISTINCT candidate_key FROM results")}
+    assert seen["keys"] and seen["keys"] == seen["fresh"] and seen["keys"] <= db_keys
+    seen.clear()
+    assert cli.main(base) == 2 and not seen
+    assert cli.main(base + ["--with-winners", "--preset", "no-such-model"]) == 2 and not seen
+    with pytest.raises(SystemExit):
+        cli.main(base + ["--with-winners", "--min-ctx", "lots"])

@@ -2,6 +2,7 @@
 
     tuner sweep SPEC [--db PATH]          measure a sweep spec (a TOML file, or "default")
     tuner refine TABLE --set K=V [--where K] [--max-batch N] [--min-batch N] [--with-winners]
+                [--min-ctx N] [--max-ctx N] [--preset NAME]
                                           a tuned table's winners again with parameters changed
     tuner show [filters] [--format F]     the database's results as a table, CSV or JSON
     tuner compile --sm 90,107 | all       static compile profiles (no GPU needed)
@@ -23,7 +24,7 @@ import json
 import sys
 
 from drafter_attn.kernels import tuned_table
-from drafter_attn.tuner.cli_checks import int_list, positive_float, positive_int
+from drafter_attn.tuner.cli_checks import int_list, positive_float, positive_int, positive_size
 from drafter_attn.tuner.db import ProfileDB, SchemaError, default_path
 
 DB_HELP = """\
@@ -102,10 +103,22 @@ def cmd_refine(args) -> int:
     from drafter_attn.tuner.refine import refine_candidates
     from drafter_attn.tuner.sweep import run_sweep
 
-    overrides = parse_spec(f"{args.impl}:{','.join(args.set)}")[1]
+    if not args.set and not args.with_winners:
+        print("tuner refine: nothing to measure: give --set NAME=VALUE (a knob to try), or "
+              "--with-winners alone (the winners and their runners-up again, side by side)", file=sys.stderr)
+        return 2
+    if args.preset:
+        from drafter_attn.kernels.presets import get_preset
+        try:
+            get_preset(args.preset)
+        except ValueError as exc:
+            print(f"tuner refine: --preset: {exc}", file=sys.stderr)
+            return 2
+    overrides = parse_spec(f"{args.impl}:{','.join(args.set)}")[1] if args.set else {}
     candidates, skipped = refine_candidates(args.table, overrides, tuple(args.where), args.impl,
                                             args.max_batch, with_winners=args.with_winners,
-                                            min_batch=args.min_batch)
+                                            min_batch=args.min_batch, min_ctx=args.min_ctx,
+                                            max_ctx=args.max_ctx, preset=args.preset)
     # --with-winners: every candidate (winner, runners-up, refined) measured in this sweep,
     # whatever rows it had before
     fresh = {c.key() for c in candidates} if args.with_winners else set()
@@ -357,8 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "whole grid again would cost a full sweep.", epilog=DB_HELP.format(path=default_path()),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("table", help="tuned table JSON (e.g. profiles/sm90.json)")
-    p.add_argument("--set", action="append", required=True, metavar="NAME=VALUE",
-                   help="a parameter to change (repeatable), e.g. q_step=1")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="a parameter to change (repeatable), e.g. q_step=1; without it, "
+                   "--with-winners measures the winners and their runners-up again, nothing new")
     p.add_argument("--where", action="append", default=[], metavar="NAME",
                    help="only winners with this parameter set (true, non-zero; repeatable), e.g. ws")
     p.add_argument("--max-batch", type=positive_int, metavar="N",
@@ -367,6 +381,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-batch", type=positive_int, metavar="N",
                    help="only winners of at least N requests (pair=1 pays where it takes the "
                    "combine away: the batches the split model gives two splits)")
+    p.add_argument("--min-ctx", type=positive_size, metavar="TOKENS",
+                   help="only winners of keys at least this long (128k, 131072)")
+    p.add_argument("--max-ctx", type=positive_size, metavar="TOKENS",
+                   help="only winners of keys at most this long")
+    p.add_argument("--preset", metavar="NAME", help="only winners of this preset's keys "
+                   "(e.g. qwen3-8b-dflash-b16)")
     p.add_argument("--with-winners", action="store_true",
                    help="measure each winner and the runners-up the table lists beside it again, "
                    "right before its refined candidate (that one again too where it has a row), so "

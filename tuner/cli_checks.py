@@ -44,6 +44,19 @@ positive_int = number(int, lambda v: v > 0, "positive")
 non_negative_int = number(int, lambda v: v >= 0, "non-negative")
 
 
+def positive_size(text: str) -> int:
+    """An argparse type: a token count as people write it (128k, 1M, 4096), at least 1."""
+    from drafter_attn.tuner.sizes import parse_size
+
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    return value
+
+
 def writable_dir(path, option: str = "--out") -> Path:
     """Create `path` (a folder) when missing and prove a file can be written in it."""
     path = Path(path)

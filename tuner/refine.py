@@ -10,6 +10,7 @@ other parameters changed as well is not found this way.
 
     tuner refine profiles/sm90.json --set q_step=1 --where ws --db profiles/sm90.db
     tuner refine profiles/sm90.json --set one_trip=1 --max-batch 8 --with-winners --db profiles/sm90.db
+    tuner refine profiles/sm90.json --with-winners --min-ctx 128k --max-batch 4 --db profiles/sm90.db
 
 Without `--with-winners` the export weighs each refined row, measured today, against its
 winner's row from the sweep that found it, maybe days before on another lease (and a refined
@@ -19,7 +20,10 @@ this sweep, one right after another, whatever rows they had (the export takes ea
 newest row), so the comparisons that decide a key are of one run. (Refreshing the winner alone
 is not enough: on the H200, of 10 keys whose winner changed after its winner was measured again,
 9 went to a runner-up's older row, 0-4% apart; results/sm90-2026-12-04/session25/
-refine-with-winners/.)
+refine-with-winners/.) Without `--set`, `--with-winners` alone measures each winner and its
+runners-up again side by side and nothing new: for keys whose winner and runners-up came from
+different runs and lie within a few percent, where the table's pick is a lease's word against
+another's.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ from drafter_attn.tuner.spec import Candidate, problem_from_key
 def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...] = (),
                       impl: str = "cupy", max_batch: int | None = None,
                       with_winners: bool = False,
-                      min_batch: int | None = None) -> tuple[list[Candidate], list[str]]:
+                      min_batch: int | None = None, min_ctx: int | None = None,
+                      max_ctx: int | None = None,
+                      preset: str | None = None) -> tuple[list[Candidate], list[str]]:
     """(candidates, skipped): every measured winner of `table` run by `impl` whose parameters
     named in `where` are all set (true, non-zero), and of at most `max_batch` and at least
     `min_batch` requests where given, with `overrides` applied over its own parameters;
@@ -43,9 +49,12 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
     split combine, `one_trip`, to the batches whose calls split: the split model gives the large
     ones one split, and there the knob changes nothing that runs; `min_batch` keeps one whose
     gain the split count bounds from below, `pair`, to the batches that split in two.)
+    `min_ctx` / `max_ctx` keep the winners of keys within those context lengths, `preset` those
+    of one preset's geometry.
     `with_winners`: each winner itself (as it was measured) and the entry's alternatives of
     `impl` right before its refined candidate (`tuner refine --with-winners` measures them all
-    again)."""
+    again); with no `overrides` the refined candidate is the winner itself, so that is a plain
+    side-by-side re-measure."""
     entries = json.loads(Path(table).read_text())["entries"]
     backend = registry.get(impl)
     registry.check_params(backend, overrides)
@@ -60,6 +69,10 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
         if max_batch is not None and e["batch"] > max_batch:
             continue
         if min_batch is not None and e["batch"] < min_batch:
+            continue
+        if preset is not None and e.get("provenance", {}).get("preset") != preset:
+            continue
+        if (min_ctx is not None and e["ctx_len"] < min_ctx) or (max_ctx is not None and e["ctx_len"] > max_ctx):
             continue
         problem, sm = problem_from_key(e), e["sm"]  # an entry holds its problem's key fields
         wanted = {k: v for k, v in e["params"].items() if k in known}
