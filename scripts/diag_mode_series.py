@@ -10,7 +10,8 @@ can be set beside the other's.
 
 Questions it answers: are the slow replays runs (a state that lasts) or scattered; does a run
 begin after some time under load (power) or anywhere; and do the samples in it show a lower SM
-clock or a throttle reason.
+clock or a throttle reason. Last, for each case, its replays' median time by the SM clock
+sampled nearest them: how much the kernel slows as the clock falls.
 
     [SERIES=400] [PASSES=2] [FLUSH=0] python scripts/diag_mode_series.py [SPEC B CTX PAGE] ...
     (on a GPU; writes series.csv and smi.csv into $OUT or .)
@@ -36,6 +37,7 @@ SERIES, PASSES = int(os.environ.get("SERIES", 400)), int(os.environ.get("PASSES"
 FLUSH = os.environ.get("FLUSH", "0") == "1"
 SMI = "timestamp,clocks.sm,clocks.mem,power.draw,clocks_throttle_reasons.active"
 SLOW = 1.03  # a replay this far over its series' p10 is a slow one
+BIN = 60  # MHz
 
 
 def series(graph, n: int, flush: bool) -> tuple[float, list[float], list[float]]:
@@ -119,17 +121,21 @@ def main() -> int:
     for spec, b, ctx, page, *_ in built:
         mine = [r for r in rows if r["spec"] == spec and r["batch"] == b and r["ctx"] == ctx]
         p10 = sorted(r["us"] for r in mine)[len(mine) // 10]
+        near = {id(r): min(samples, key=lambda s: abs(s[0] - r["wall"])) for r in mine}
         for label, want in (("fast", False), ("slow", True)):
-            sel = [r for r in mine if (r["us"] > p10 * SLOW) == want]
-            near = [min(samples, key=lambda s: abs(s[0] - r["wall"])) for r in sel]
-            if not near:
-                continue
-            reasons = sorted({s[4] for s in near})
-            print(f"{spec} B={b} ctx={ctx}: {label} replays {len(sel)}: SM clock median "
-                  f"{statistics.median(s[1] for s in near):.0f} MHz (min {min(s[1] for s in near):.0f}), "
-                  f"memory {statistics.median(s[2] for s in near):.0f} MHz, power median "
-                  f"{statistics.median(s[3] for s in near):.0f} W (max {max(s[3] for s in near):.0f}), "
-                  f"throttle reasons {reasons}", flush=True)
+            sel = [near[id(r)] for r in mine if (r["us"] > p10 * SLOW) == want]
+            if sel:
+                print(f"{spec} B={b} ctx={ctx}: {label} replays {len(sel)}: SM clock median "
+                      f"{statistics.median(s[1] for s in sel):.0f} MHz (min {min(s[1] for s in sel):.0f}), "
+                      f"memory {statistics.median(s[2] for s in sel):.0f} MHz, power median "
+                      f"{statistics.median(s[3] for s in sel):.0f} W (max {max(s[3] for s in sel):.0f}), "
+                      f"throttle reasons {sorted({s[4] for s in sel})}", flush=True)
+        # the replays' median time by the SM clock sampled nearest them, 60 MHz bins of >= 50
+        bins: dict[int, list[float]] = {}
+        for r in mine:
+            bins.setdefault(int(near[id(r)][1] // BIN) * BIN, []).append(r["us"])
+        cells = [f"{mhz}: {statistics.median(us):.1f}" for mhz, us in sorted(bins.items()) if len(us) >= 50]
+        print(f"{spec} B={b} ctx={ctx} page={page}, median us by SM clock (MHz): " + ", ".join(cells), flush=True)
     return 0
 
 
