@@ -18,6 +18,7 @@ sampled nearest them: how much the kernel slows as the clock falls.
 """
 from __future__ import annotations
 
+import bisect
 import csv
 import os
 import statistics
@@ -57,6 +58,12 @@ def series(graph, n: int, flush: bool) -> tuple[float, list[float], list[float]]
     return t0, [starts[0].elapsed_time(s) for s in starts], [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
 
 
+def nearest(samples: list[tuple], t: float) -> tuple:
+    """The sample (sorted by its time, first field) taken nearest `t`."""
+    i = bisect.bisect_left(samples, (t,))
+    return min(samples[max(i - 1, 0):i + 1], key=lambda s: abs(s[0] - t))
+
+
 def runs(flags: list[bool]) -> list[int]:
     """Lengths of the runs of True in `flags`."""
     out, n = [], 0
@@ -67,6 +74,42 @@ def runs(flags: list[bool]) -> list[int]:
             out.append(n)
             n = 0
     return out + ([n] if n else [])
+
+
+def report(rows: list[dict], cases: list[tuple], smi_csv: Path) -> None:
+    """For each case: nvidia-smi's samples nearest its slow replays against those nearest its
+    fast ones, and its median replay time by SM clock."""
+    samples = []
+    for line in smi_csv.read_text().splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        try:
+            stamp = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S")) \
+                + float("0." + parts[0].split(".")[1])
+            samples.append((stamp, float(parts[1]), float(parts[2]), float(parts[3]), parts[4]))
+        except (IndexError, ValueError):
+            continue
+    samples.sort()
+    if not samples:
+        print("no nvidia-smi samples")
+        return
+    for spec, b, ctx, page in cases:
+        mine = [r for r in rows if r["spec"] == spec and r["batch"] == b and r["ctx"] == ctx]
+        p10 = sorted(r["us"] for r in mine)[len(mine) // 10]
+        near = {id(r): nearest(samples, r["wall"]) for r in mine}
+        for label, want in (("fast", False), ("slow", True)):
+            sel = [near[id(r)] for r in mine if (r["us"] > p10 * SLOW) == want]
+            if sel:
+                print(f"{spec} B={b} ctx={ctx}: {label} replays {len(sel)}: SM clock median "
+                      f"{statistics.median(s[1] for s in sel):.0f} MHz (min {min(s[1] for s in sel):.0f}), "
+                      f"memory {statistics.median(s[2] for s in sel):.0f} MHz, power median "
+                      f"{statistics.median(s[3] for s in sel):.0f} W (max {max(s[3] for s in sel):.0f}), "
+                      f"throttle reasons {sorted({s[4] for s in sel})}", flush=True)
+        # the replays' median time by the SM clock sampled nearest them, 60 MHz bins of >= 50
+        bins: dict[int, list[float]] = {}
+        for r in mine:
+            bins.setdefault(int(near[id(r)][1] // BIN) * BIN, []).append(r["us"])
+        cells = [f"{mhz}: {statistics.median(us):.1f}" for mhz, us in sorted(bins.items()) if len(us) >= 50]
+        print(f"{spec} B={b} ctx={ctx} page={page}, median us by SM clock (MHz): " + ", ".join(cells), flush=True)
 
 
 def main() -> int:
@@ -105,37 +148,7 @@ def main() -> int:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    # the samples during slow replays against those during fast ones, per case
-    samples = []
-    for line in (out / "smi.csv").read_text().splitlines():
-        parts = [x.strip() for x in line.split(",")]
-        try:
-            stamp = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S")) \
-                + float("0." + parts[0].split(".")[1])
-            samples.append((stamp, float(parts[1]), float(parts[2]), float(parts[3]), parts[4]))
-        except (IndexError, ValueError):
-            continue
-    if not samples:
-        print("no nvidia-smi samples")
-        return 0
-    for spec, b, ctx, page, *_ in built:
-        mine = [r for r in rows if r["spec"] == spec and r["batch"] == b and r["ctx"] == ctx]
-        p10 = sorted(r["us"] for r in mine)[len(mine) // 10]
-        near = {id(r): min(samples, key=lambda s: abs(s[0] - r["wall"])) for r in mine}
-        for label, want in (("fast", False), ("slow", True)):
-            sel = [near[id(r)] for r in mine if (r["us"] > p10 * SLOW) == want]
-            if sel:
-                print(f"{spec} B={b} ctx={ctx}: {label} replays {len(sel)}: SM clock median "
-                      f"{statistics.median(s[1] for s in sel):.0f} MHz (min {min(s[1] for s in sel):.0f}), "
-                      f"memory {statistics.median(s[2] for s in sel):.0f} MHz, power median "
-                      f"{statistics.median(s[3] for s in sel):.0f} W (max {max(s[3] for s in sel):.0f}), "
-                      f"throttle reasons {sorted({s[4] for s in sel})}", flush=True)
-        # the replays' median time by the SM clock sampled nearest them, 60 MHz bins of >= 50
-        bins: dict[int, list[float]] = {}
-        for r in mine:
-            bins.setdefault(int(near[id(r)][1] // BIN) * BIN, []).append(r["us"])
-        cells = [f"{mhz}: {statistics.median(us):.1f}" for mhz, us in sorted(bins.items()) if len(us) >= 50]
-        print(f"{spec} B={b} ctx={ctx} page={page}, median us by SM clock (MHz): " + ", ".join(cells), flush=True)
+    report(rows, [c[:4] for c in built], out / "smi.csv")
     return 0
 
 

@@ -9,6 +9,8 @@ tables do not compile one module after another (CuTe modules take 15-30 s each).
                                                                # (auto: the runtime's pick per shape)
     python scripts/precompile_gpu_matrix.py --sweep tuner/specs/sm90.toml --no-tests [--db DB]
                                                                # what a tuner sweep of a spec loads
+    python scripts/precompile_gpu_matrix.py --no-tests --calls "cupy:ws=3,stages=9" 4 128k 64 ...
+                                                               # the calls of a diag script's cases
     python scripts/precompile_gpu_matrix.py --refine profiles/sm90.json --set q_step=1 --where ws \
         [--max-batch N] [--min-batch N] [--with-winners] --no-tests [--db DB]
                                                                # what `tuner refine` measures
@@ -153,6 +155,9 @@ def main(argv=None):
     ap.add_argument("--with-winners", action="store_true", help="with --refine: the winners and "
                     "their runners-up too (`tuner refine --with-winners` measures them all again, so "
                     "--db leaves none out)")
+    ap.add_argument("--calls", nargs="+", default=[], metavar="SPEC B CTX PAGE",
+                    help="also the attention variant of each paged call of the main preset (the "
+                    "diag scripts' case lists: SPEC B CTX PAGE, repeated)")
     ap.add_argument("--db", help="with --sweep or --refine: leave out the candidates this profile "
                     "database holds")
     ap.add_argument("--sm", type=int, help="target (default: this machine's GPU; no GPU needed if given)")
@@ -170,6 +175,12 @@ def main(argv=None):
         todo |= table_jobs(args.table.split(";"), args.preset or MAIN_PRESET, [int(p) for p in args.page.split(",")], sm,
                            shapes(args.shapes))
     todo |= sweep_jobs(args.sweep, sm, args.db)
+    if len(args.calls) % 4:
+        ap.error("--calls takes SPEC B CTX PAGE groups of four")
+    for i in range(0, len(args.calls), 4):
+        spec, batch, ctx, page = args.calls[i:i + 4]
+        todo.add(_job(registry.from_spec(spec), Problem(get_preset(MAIN_PRESET), "paged", int(page),
+                                                         int(batch), parse_size(ctx)), sm))
     if args.refine:
         from drafter_attn.kernels.registry import parse_spec
         from drafter_attn.tuner.refine import refine_candidates
