@@ -21,6 +21,14 @@ between measurements minutes apart more than within one. `--rounds N` measures e
 columns N times, interleaved (all of a point's kernels, then all again), computes each ratio
 within a round, and adds a summary per point: the median over rounds and the ratios' range
 (attention_rounds.md / .csv).
+
+`sm_mhz` is the SM clock the GPU ran at while the point's step was timed (NVML; empty without
+it). Under a sustained memory-bound load the H200 holds its power limit by lowering that clock,
+and the warp-specialised kernels slow with it where the pipelined ones do not: `--sustain S`
+replays each point's step back to back for S seconds before each of its timings, so that the
+table compares the kernels in the clock state their own load brings the GPU to, as in a serving
+loop, rather than in short bursts on a cool GPU (the read floors are timed without it: a
+streaming read does not slow with the SM clock).
 """
 
 from __future__ import annotations
@@ -35,13 +43,14 @@ from pathlib import Path
 import pandas as pd
 
 from drafter_attn.bench.options import sizes
+from drafter_attn.tuner.cli_checks import non_negative_float
 from drafter_attn.tuner.sizes import parse_size
 from drafter_attn.kernels import baselines, registry
 from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
 from drafter_attn.kernels.spec import Problem
 
 COLUMNS = ("impl", "pick", "layout", "page", "batch", "ctx", "round", "attn_us", "read_floor_us", "x_floor",
-           "copy_floor_us", "p10_us", "p90_us", "over_arena", "rel_err", "status", "reason")
+           "copy_floor_us", "p10_us", "p90_us", "sm_mhz", "over_arena", "rel_err", "status", "reason")
 POINT = ["impl", "layout", "page", "batch", "ctx"]
 
 
@@ -64,20 +73,21 @@ def pick_spec(dispatcher, geometry, layout: str, page: int | None, batch: int, c
 
 
 def measure_kernel(spec: str, geometry, layout: str, page: int | None, batch: int, ctx: int, *,
-                   reps: int, preset: str, record, label: str | None = None) -> dict:
+                   reps: int, preset: str, record, label: str | None = None, sustain_s: float = 0.0) -> dict:
     """One kernel point: a one-layer step through tuner.measure, recorded; its attention half
     beside the read floor of the attention's bytes. The row's impl is `label` (default `spec`),
-    its pick `spec`."""
+    its pick `spec`; each timing after `sustain_s` of back-to-back replays."""
     import torch
 
     from drafter_attn.tuner import floors, roofline
     from drafter_attn.tuner.measure import measure_candidate
 
     cand = _candidate(spec, geometry, layout, page, batch, ctx, preset)
-    result = measure_candidate(cand.to_wire(), reps=reps)
+    result = measure_candidate(cand.to_wire(), reps=reps, sustain_s=sustain_s)
     record(cand, result)
     row = dict(impl=label or spec, pick=spec, layout=layout, page=page or 0, batch=batch, ctx=ctx,
-               status=result["status"], reason=result.get("reason"), rel_err=result.get("rel_err"))
+               status=result["status"], reason=result.get("reason"), rel_err=result.get("rel_err"),
+               sm_mhz=result.get("sm_clock_mhz"))
     if result.get("attention_median_us") is not None:  # ok, or a timed diagnostic variant
         attn = result["attention_median_us"]
         nbytes = roofline.call_bytes(geometry, batch, ctx, page)
@@ -90,15 +100,15 @@ def measure_kernel(spec: str, geometry, layout: str, page: int | None, batch: in
 
 
 def measure_base(name: str, geometry, page: int, batch: int, ctx: int, *, reps: int, preset: str,
-                 seed: int, record) -> dict:
+                 seed: int, record, sustain_s: float = 0.0) -> dict:
     from drafter_attn.tuner.measure import measure_baseline
     from drafter_attn.tuner.spec import Candidate
 
-    result = measure_baseline(name, geometry, page, batch, ctx, reps=reps, seed=seed)
+    result = measure_baseline(name, geometry, page, batch, ctx, reps=reps, seed=seed, sustain_s=sustain_s)
     cand = Candidate(Problem(geometry.with_(num_layers=1), "paged", page, batch, ctx), name, (), None, preset)
     record(cand, result)
     row = dict(impl=name, pick=name, layout="paged", page=page, batch=batch, ctx=ctx,
-               status=result["status"], reason=result.get("reason"))
+               status=result["status"], reason=result.get("reason"), sm_mhz=result.get("sm_clock_mhz"))
     if result["status"] == "ok":
         row.update(attn_us=result["median_us"], p10_us=result["p10_us"], p90_us=result["p90_us"],
                    read_floor_us=result["read_floor_us"], x_floor=result["median_us"] / result["read_floor_us"],
@@ -204,6 +214,9 @@ def parse_args(argv):
     ap.add_argument("--rounds", type=_positive, default=1,
                     help="measure each point's columns this many times, interleaved, and summarize "
                          "the per-round ratios (default 1)")
+    ap.add_argument("--sustain", type=non_negative_float, default=0.0, metavar="SECONDS",
+                    help="replay each point's step back to back this long before each of its timings "
+                    "(the clock state of a sustained load; default 0: none)")
     ap.add_argument("--db", default=None, metavar="PATH", help="profile database to record into "
                     "(default: as tuner: $DRAFTER_DB, else the checkout's profiles/profile.db)")
     ap.add_argument("--out", default=None, help="folder for CSV/JSON/markdown")
@@ -268,7 +281,7 @@ def main(argv=None) -> int:
     env = fingerprint()
     sm = env.get("sm")
     meta = dict(env, copy_bw_gbps=roofline.copy_bandwidth() / 1e9, graph_fixed_us=floors.empty_graph_us(),
-                preset=args.preset, commit=decode.git_commit(),
+                preset=args.preset, commit=decode.git_commit(), sustain_s=args.sustain,
                 command=" ".join(["python -m drafter_attn.bench.attention_table", *(argv or sys.argv[1:])]),
                 date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     # auto: what kernels.Runtime reads ($DRAFTER_TUNED_TABLE, $DRAFTER_DB, the shipped table)
@@ -309,14 +322,15 @@ def main(argv=None) -> int:
                         layout = "paged" if page else "arena"
                         run = pick_spec(dispatcher, geometry, layout, page, batch, ctx, sm) if spec == AUTO else spec
                         keep(dict(measure_kernel(run, geometry, layout, page, batch, ctx, reps=args.reps,
-                                                 preset=args.preset, record=record, label=spec), round=rnd))
+                                                 preset=args.preset, record=record, label=spec,
+                                                 sustain_s=args.sustain), round=rnd))
                 for name in names:
                     for page in args.page:
                         if baselines.reason(name, geometry, page, sm) is None:
                             seed += 1
                             keep(dict(measure_base(name, geometry, page, batch, ctx, reps=args.reps,
-                                                   preset=args.preset, seed=seed, record=record),
-                                      round=rnd))
+                                                   preset=args.preset, seed=seed, record=record,
+                                                   sustain_s=args.sustain), round=rnd))
             torch.cuda.empty_cache()
     df = with_overheads(lowest_floors(pd.DataFrame(rows)))
     table = df[[c for c in COLUMNS if c in df and c != "reason" and (c != "round" or args.rounds > 1)
@@ -332,7 +346,10 @@ def main(argv=None) -> int:
             f"commit {meta['commit']}\n\n`{meta['command']}`\n\n"
             + (f"auto: {meta['auto']}\n\n" if meta["auto"] else "")
             + "attn_us: one layer's attention (median of graph replays, cold L2); read_floor_us: a streaming "
-            "read of the same bytes timed the same way; x_floor = attn_us / read_floor_us.\n\n"
+            "read of the same bytes timed the same way; x_floor = attn_us / read_floor_us; sm_mhz: the "
+            "SM clock while the step was timed"
+            + (f", each timing after {args.sustain:g} s of back-to-back replays" if args.sustain else "")
+            + ".\n\n"
             + table.to_markdown(index=False, floatfmt=".4g") + "\n")
     if args.rounds > 1:
         summary = rounds_summary(df)

@@ -63,8 +63,8 @@ MAX_ALTERNATIVES = 3
 # The profile database, as far as the runtime reads it (tuner/db.py owns the schema; a test
 # checks these names against it).
 DB_SCHEMA_NAME = "drafter-attn-profile"
-DB_SCHEMA_VERSION = 2
-DB_READS_VERSIONS = ("1", "2")  # version 2 only added columns this runtime does not read
+DB_SCHEMA_VERSION = 3
+DB_READS_VERSIONS = ("1", "2", "3")  # versions 2 and 3 only added columns this runtime does not read
 SHAPE_FIELDS = ("num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window", "dtype",
                 "layout", "page_size")
 VERSION_FIELDS = ("torch", "cupy", "cutlass", "nvrtc")
@@ -548,7 +548,7 @@ def read_db_rows(path) -> list[dict]:
                              f"(schema {meta.get('schema')!r}, expected {DB_SCHEMA_NAME!r})")
         if meta.get("schema_version") not in DB_READS_VERSIONS:
             raise TableError(f"{path} has profile schema version {meta.get('schema_version')}, but "
-                             f"this runtime reads version {DB_SCHEMA_VERSION} only; export a tuned "
+                             f"this runtime reads versions {', '.join(DB_READS_VERSIONS)}; export a tuned "
                              f"table with a matching tuner")
         return [dict(r) for r in conn.execute(DB_ROWS_SQL)]
     except sqlite3.Error as exc:

@@ -232,6 +232,15 @@ def test_attention_table_rounds_option():
             at.parse_args(["--rounds", bad])
 
 
+def test_attention_table_sustain_option():
+    from drafter_attn.bench import attention_table as at
+
+    assert at.parse_args([]).sustain == 0.0 and at.parse_args(["--sustain", "1.5"]).sustain == 1.5
+    for bad in ("-1", "nan", "long"):
+        with pytest.raises(SystemExit):
+            at.parse_args(["--sustain", bad])
+
+
 def test_time_first_times_each_size_once_and_names_a_failure():
     from drafter_attn.tuner import floors
 

@@ -180,7 +180,7 @@ def test_attention_table_small(tmp_path):
     db = tmp_path / "p.db"
     rc = attention_table.main(["--preset", MAIN_PRESET, "--batch", "1", "--ctx", "1k", "--page", "64",
                                "--impl", "cupy;cupy:tile_n=7;cupy:skip_compute=1", "--baseline", "none",
-                               "--reps", "5", "--db", str(db), "--out", str(out)])
+                               "--reps", "5", "--sustain", "0.05", "--db", str(db), "--out", str(out)])
     assert rc == 0
     df = pd.read_csv(out / "attention.csv")
     ok = df[df.impl == "cupy"]
@@ -196,6 +196,12 @@ def test_attention_table_small(tmp_path):
         rows = pdb.query("SELECT impl, status, read_floor_us, num_layers FROM results")
     assert len(rows) == 6 and {r["num_layers"] for r in rows} == {1}
     assert all(r["read_floor_us"] > 0 for r in rows if r["status"] == "ok")
+    # the SM clock of each timing, where NVML answers (a column of the table and of the database)
+    if timing.sm_clock_mhz() is not None:
+        assert (ok.sm_mhz > 100).all()
+        with ProfileDB(db, create=False) as pdb:
+            clocks = [r["sm_clock_mhz"] for r in pdb.query("SELECT sm_clock_mhz FROM results WHERE status = 'ok'")]
+        assert clocks and all(c > 100 for c in clocks)
 
 
 def test_attention_table_auto_runs_the_runtime_pick(tmp_path):

@@ -293,7 +293,7 @@ def test_foreign_databases(tmp_path, db):
     c.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     c.commit()
     c.close()
-    with pytest.raises(TableError, match="schema version 99.*reads version 2"):
+    with pytest.raises(TableError, match="schema version 99.*reads versions 1, 2, 3"):
         Dispatcher.load(db)
 
 

@@ -114,7 +114,7 @@ def test_foreign_schema_version_is_refused(tmp_path):
     c.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     c.commit()
     c.close()
-    with pytest.raises(SchemaError, match=r"schema version 99.*reads version 2"):
+    with pytest.raises(SchemaError, match=r"schema version 99.*reads version 3"):
         ProfileDB(path)
 
 
@@ -201,6 +201,29 @@ def test_environment_id_and_software_versions():
     sw = env.software_versions()
     assert sw["sources_hash"] == nvrtc.sources_digest() and sw["torch"]
     assert set(sw) | {"gpu_name", "sm", "sm_count", "driver"} == set(env.FIELDS)
+
+
+def test_version_2_database_gains_the_clock_column(tmp_path):
+    """A database written before timings recorded their SM clock opens as version 3: its rows
+    kept, their clock NULL (not measured), and a new row's clock stored."""
+    path = tmp_path / "v2.db"
+    with ProfileDB(path) as db:
+        eid = db.add_environment(dict(gpu_name="H200", sm=90))
+        db.add_result(dict(env_id=eid, candidate_key="c", problem_key={}, impl="cupy", params={},
+                           status="ok", median_us=12.5))
+    c = sqlite3.connect(path)
+    c.execute("ALTER TABLE results DROP COLUMN sm_clock_mhz")
+    c.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    c.commit()
+    c.close()
+    with ProfileDB(path, readonly=True) as db:  # read as it is
+        assert db.schema_version() == 2
+    with ProfileDB(path) as db:
+        assert db.schema_version() == dbmod.SCHEMA_VERSION == 3
+        db.add_result(dict(env_id=eid, candidate_key="d", problem_key={}, impl="cupy", params={},
+                           status="ok", median_us=13.0, sm_clock_mhz=1590.0))
+        rows = db.query("SELECT candidate_key, sm_clock_mhz FROM results ORDER BY id")
+    assert rows == [{"candidate_key": "c", "sm_clock_mhz": None}, {"candidate_key": "d", "sm_clock_mhz": 1590.0}]
 
 
 def test_version_1_database_is_migrated_keeping_its_rows(tmp_path):

@@ -4,6 +4,7 @@ fraction, failure classification, unsupported candidates."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from drafter_attn.kernels.nvrtc import CompileError
 from drafter_attn.kernels.spec import Geometry, Problem
@@ -91,3 +92,64 @@ def test_unsupported_candidates_are_recorded_not_run():
 
     row = measure_context(c.to_wire(), chunk=64)
     assert row["status"] == "unsupported" and "head_dim 96" in row["reason"]
+
+
+class _FakeEvent:
+    """A CUDA event stand-in: each pair of events times `ms`; the last one is done after `polls`
+    queries."""
+    polls = 0
+
+    def __init__(self, enable_timing=True):
+        self.t = 0.0
+
+    def record(self):
+        _FakeEvent.clock += 1.0
+        self.t = _FakeEvent.clock
+
+    def elapsed_time(self, other):
+        return 0.5 * (other.t - self.t)  # 0.5 ms a replay (start and end one tick apart)
+
+    def query(self):
+        _FakeEvent.polls += 1
+        return _FakeEvent.polls > 3
+
+
+def test_a_timing_records_the_sm_clock_sampled_while_it_runs(monkeypatch):
+    """`_each_timed`: the SM clock before the replays, while waiting for the last one, and after,
+    averaged into Timing.sm_mhz; without NVML the field is None and the timing is unchanged."""
+    from drafter_attn.tuner import timing
+
+    monkeypatch.setattr(timing.torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(timing.time, "sleep", lambda s: None)
+    clocks = iter([1980.0, 1700.0, 1600.0, 1500.0, 1400.0])
+    monkeypatch.setattr(timing, "sm_clock_mhz", lambda: next(clocks))
+    _FakeEvent.clock, _FakeEvent.polls = 0.0, 0
+    calls = []
+    t = timing._each_timed(lambda: calls.append(1), reps=4, cold_l2=False)
+    assert len(calls) == 4 and t.count == 4 and t.median_us == 500.0
+    # one before, three while the last replay was not done, one after
+    assert t.sm_mhz == pytest.approx((1980 + 1700 + 1600 + 1500 + 1400) / 5)
+    monkeypatch.setattr(timing, "sm_clock_mhz", lambda: None)
+    _FakeEvent.polls = 0
+    t = timing._each_timed(lambda: None, reps=4, cold_l2=False)
+    assert t.sm_mhz is None and t.median_us == 500.0
+
+
+def test_sustain_calls_back_to_back_for_the_time_asked(monkeypatch):
+    from drafter_attn.tuner import timing
+
+    syncs = []
+    monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda: syncs.append(1))
+    calls = []
+    timing.sustain(lambda: calls.append(1), 0.0)
+    assert calls == [] and syncs == []
+    timing.sustain(lambda: calls.append(1), 0.01)
+    assert len(calls) >= 32 and len(calls) == 32 * len(syncs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback where no GPU is visible")
+def test_no_gpu_no_clock():
+    from drafter_attn.tuner import timing
+
+    assert timing.sm_clock_mhz() is None

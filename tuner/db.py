@@ -34,7 +34,7 @@ import uuid
 from pathlib import Path
 
 SCHEMA_NAME = "drafter-attn-profile"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 STATUSES = ("ok", "failed_compile", "failed_runtime", "failed_correctness", "failed_timeout",
             "unsupported", "failed_node_lost")
@@ -61,6 +61,9 @@ METRIC_COLUMNS = (
     ("read_floor_us", "REAL"), ("read_bandwidth_gbs", "REAL"), ("read_roofline_fraction", "REAL"),
     # the timing method's fixed cost in this run: replay of a one-kernel graph (schema 2)
     ("graph_fixed_us", "REAL"),
+    # the SM clock (MHz, NVML) around the timed replays: under a sustained load the H200 holds
+    # its power limit by lowering it, and some kernels slow with it (schema 3)
+    ("sm_clock_mhz", "REAL"),
     # correctness
     ("rel_err", "REAL"),
     # host-sync stalls of one step
@@ -120,7 +123,14 @@ MIGRATIONS = {
     # 2: the read-floor and fixed-cost columns, and the status failed_node_lost (a CHECK
     # constraint: SQLite changes it only by rebuilding the table)
     1: lambda conn: _rebuild_results(conn),
+    # 3: the SM clock of a timing (a database rebuilt from version 1 above has it already)
+    2: lambda conn: _add_column(conn, "results", "sm_clock_mhz", "REAL"),
 }
+
+
+def _add_column(conn, table: str, name: str, kind: str) -> None:
+    if name not in {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
+        conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
 
 def _rebuild_results(conn) -> None:

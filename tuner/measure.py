@@ -48,48 +48,52 @@ def _l2_bytes(index: int) -> int:
     return torch.cuda.get_device_properties(index).L2_cache_size or (60 << 20)
 
 
-def _timer(fn, eager: bool):
-    """time(reps, warmup, cold_l2) of `fn`: graph replays (captured once here), or eager calls."""
+def _timer(fn, eager: bool, sustain_s: float = 0.0):
+    """time(reps, warmup, cold_l2) of `fn`: graph replays (captured once here), or eager calls;
+    each timing after `sustain_s` of back-to-back calls (timing.sustain)."""
     from drafter_attn.tuner import timing
 
     if eager:
-        return lambda reps, warmup=3, cold_l2=True: timing.time_eager(fn, reps=reps, warmup=warmup, cold_l2=cold_l2)
+        return lambda reps, warmup=3, cold_l2=True: timing.time_eager(fn, reps=reps, warmup=warmup, cold_l2=cold_l2,
+                                                                       sustain_s=sustain_s)
     graph = timing.capture(fn)
-    return lambda reps, warmup=10, cold_l2=True: timing.time_graph(graph, reps=reps, warmup=warmup, cold_l2=cold_l2)
+    return lambda reps, warmup=10, cold_l2=True: timing.time_graph(graph, reps=reps, warmup=warmup, cold_l2=cold_l2,
+                                                                    sustain_s=sustain_s)
 
 
-def time_fn(fn, nbytes: int, reps: int = 0, eager: bool = False) -> tuple[dict, int]:
+def time_fn(fn, nbytes: int, reps: int = 0, eager: bool = False, sustain_s: float = 0.0) -> tuple[dict, int]:
     """Latency of `fn` (graph-capturable, moves at least `nbytes`) from CUDA graph replays, timed
     twice (the second median shows the noise), beside its floors: the copy roofline and the read
     floor of the same bytes, and the timing method's fixed cost. `reps=0` picks the count from a
     short first timing. `eager`: time eager calls instead (a step that syncs the host cannot be
-    captured). Returns (columns, reps used)."""
+    captured). `sustain_s`: each timing after that long of back-to-back calls (the clock state
+    of a sustained load). Returns (columns, reps used)."""
     import torch
 
     from drafter_attn.tuner import floors, roofline
 
     cold = nbytes < FLUSH_BELOW_L2_MULTIPLE * _l2_bytes(torch.cuda.current_device())
-    timer = _timer(fn, eager)
+    timer = _timer(fn, eager, sustain_s)
     if not reps:
-        reps = choose_reps(timer(5, warmup=2, cold_l2=cold).median_us)
+        reps = choose_reps(_timer(fn, eager)(5, warmup=2, cold_l2=cold).median_us)
     first = timer(reps, cold_l2=cold)
     second = timer(reps, cold_l2=cold)
     del timer
     row = dict(median_us=first.median_us, p10_us=first.p10_us, p90_us=first.p90_us,
                mean_us=first.mean_us, min_us=first.min_us, count=first.count,
-               repeat_median_us=second.median_us, l2_flushed=cold,
+               repeat_median_us=second.median_us, l2_flushed=cold, sm_clock_mhz=first.sm_mhz,
                **roofline_row(first.median_us, nbytes, roofline.copy_bandwidth()),
                **floors.read_floor(nbytes).row(first.median_us),
                graph_fixed_us=floors.empty_graph_us())
     return row, reps
 
 
-def time_step(step, reps: int = 0, eager: bool = False) -> dict:
+def time_step(step, reps: int = 0, eager: bool = False, sustain_s: float = 0.0) -> dict:
     """The whole step (`time_fn`) and each half alone (attention, store), from graph replays
-    (eager calls with `eager`)."""
-    row, reps = time_fn(step.run, step.bytes_moved, reps, eager=eager)
+    (eager calls with `eager`), each after `sustain_s` of back-to-back calls."""
+    row, reps = time_fn(step.run, step.bytes_moved, reps, eager=eager, sustain_s=sustain_s)
     for name, fn in (("attention", step.attention_only), ("store", step.store_only)):
-        timer = _timer(fn, eager)
+        timer = _timer(fn, eager, sustain_s)
         t = timer(reps, cold_l2=row["l2_flushed"])
         del timer
         row.update({f"{name}_median_us": t.median_us, f"{name}_p10_us": t.p10_us,
@@ -98,7 +102,7 @@ def time_step(step, reps: int = 0, eager: bool = False) -> dict:
 
 
 def measure_baseline(name: str, geometry, page: int, batch: int, ctx: int, *, reps: int = 0,
-                     seed: int = 0) -> dict:
+                     seed: int = 0, sustain_s: float = 0.0) -> dict:
     """Baseline `name` (kernels.baselines) over `batch` requests of `ctx` tokens: ONE layer's
     attention (no store), timed as a step is, with its host syncs. Never raises; its time goes
     into the attention columns too, so that it sits beside the kernels' attention halves."""
@@ -113,7 +117,7 @@ def measure_baseline(name: str, geometry, page: int, batch: int, ctx: int, *, re
     base = None
     try:
         base = baselines.build(name, g1, page, [ctx] * batch, "cuda", torch.Generator().manual_seed(seed))
-        row, _ = time_fn(base.run, roofline.call_bytes(g1, batch, ctx, page), reps)
+        row, _ = time_fn(base.run, roofline.call_bytes(g1, batch, ctx, page), reps, sustain_s=sustain_s)
         row.update(attention_median_us=row["median_us"], attention_p10_us=row["p10_us"],
                    attention_p90_us=row["p90_us"], kv_bytes=base.kv_bytes)
         report = syncs.detect_syncs(base.run, graph=False)
@@ -172,18 +176,20 @@ def _device_sm() -> int | None:
     return major * 10 + minor
 
 
-def measure_candidate(wire: dict, *, reps: int = 0, nsys: bool = False, **step_options) -> dict:
+def measure_candidate(wire: dict, *, reps: int = 0, nsys: bool = False, sustain_s: float = 0.0,
+                      **step_options) -> dict:
     """Measure `wire` (Candidate.to_wire()) on cuda:0 -> result columns. Never raises.
-    `step_options` go to the DecodeStep (`table_capacity`, `max_ctx_hint`)."""
+    `step_options` go to the DecodeStep (`table_capacity`, `max_ctx_hint`); `sustain_s` to
+    `time_step`."""
     from drafter_attn.tuner.step import DecodeStep
 
     return measure_step(wire, lambda c, backend: DecodeStep(c.problem, backend, c.params_dict,
                                                             accepted=c.accepted, **step_options),
-                        reps=reps, nsys=nsys)
+                        reps=reps, nsys=nsys, sustain_s=sustain_s)
 
 
 def measure_step(wire: dict, make_step, *, reps: int = 0, nsys: bool = False,
-                 nsys_note: str | None = None) -> dict:
+                 nsys_note: str | None = None, sustain_s: float = 0.0) -> dict:
     """The measurement of one step of `wire`, built by `make_step(candidate, backend)` (a
     DecodeStep or a subclass): supports() first, then check, latency, memory and syncs (with
     Nsight Systems when `nsys`; `nsys_note` replaces its layer's note where it is not run).
@@ -212,7 +218,7 @@ def measure_step(wire: dict, make_step, *, reps: int = 0, nsys: bool = False,
             row["rel_err"] = None
         else:
             row["rel_err"] = step.check()
-        row.update(time_step(step, reps, eager=bool(stalls)))
+        row.update(time_step(step, reps, eager=bool(stalls), sustain_s=sustain_s))
         row.update(memory.measure_step_memory(step.run, step.kv_bytes).as_dict())
         # Otherwise the step was captured above, so the capture layer is known to pass.
         report = syncs.detect_syncs(step.run, graph=bool(stalls), nsys_candidate=wire if nsys else None)

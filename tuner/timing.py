@@ -11,13 +11,22 @@ forward in between).
 
 A graph timing whose replays spread wide was disturbed (`steady`): it is timed again, at most
 `RETRIES` times, and the lowest median is kept.
+
+Each timing also says the SM clock the GPU ran at (`Timing.sm_mhz`, NVML, sampled while the
+replays run). Under a sustained memory-bound load the H200 holds its 700 W power limit by lowering
+its SM clock (1980 MHz down to 1500-1700 and at times 1200), and kernels differ in how much that
+slows them (results/perf-notes.md, "The SM clock under the power limit"). A timing of short
+bursts on a cool GPU runs at a higher clock than a serving loop does: `sustain_s` first replays the
+step back to back for that long, so that the timing runs in the clock state the step's own load
+brings the GPU to.
 """
 
 from __future__ import annotations
 
 import functools
 import statistics
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -30,6 +39,7 @@ class Timing:
     mean_us: float
     min_us: float
     count: int
+    sm_mhz: float | None = None  # mean SM clock sampled while the replays ran (None: no NVML)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -87,6 +97,35 @@ def flush_l2(device_index: int | None = None) -> None:
     _flush_buffer(index).max()
 
 
+def sm_clock_mhz() -> float | None:
+    """The current device's SM clock now (MHz, through NVML), or None where NVML is missing."""
+    try:
+        return float(torch.cuda.clock_rate())
+    except Exception:  # no pynvml, no NVML, or a device NVML cannot see
+        return None
+
+
+def _wait_sampling_clock(done: torch.cuda.Event, clocks: list[float]) -> None:
+    """Wait for `done`, sampling the SM clock into `clocks` every few milliseconds meanwhile."""
+    while not done.query():
+        c = sm_clock_mhz()
+        if c is None:
+            break
+        clocks.append(c)
+        time.sleep(0.003)
+    torch.cuda.synchronize()
+
+
+def sustain(call, seconds: float) -> None:
+    """`call()` back to back for about `seconds` (in chunks of 32 calls, synchronised, so that
+    the host never queues far ahead): the GPU then runs in the clock state this load brings it to."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(32):
+            call()
+        torch.cuda.synchronize()
+
+
 def capture(fn, warmup: int = 2) -> torch.cuda.CUDAGraph:
     """Run `fn` eagerly `warmup` times on a side stream, then capture it into a graph."""
     stream = torch.cuda.Stream()
@@ -103,19 +142,24 @@ def capture(fn, warmup: int = 2) -> torch.cuda.CUDAGraph:
 
 
 def time_graph(graph: torch.cuda.CUDAGraph, reps: int = 100, warmup: int = 10,
-               cold_l2: bool = True) -> Timing:
+               cold_l2: bool = True, sustain_s: float = 0.0) -> Timing:
     """Replay a captured graph `reps` times; each replay timed alone with CUDA events (`steady`:
-    timed again where the replays spread wide)."""
+    timed again where the replays spread wide). `sustain_s`: replayed back to back that long first."""
+    if sustain_s > 0:
+        sustain(graph.replay, sustain_s)
     for _ in range(warmup):
         graph.replay()
     return steady(lambda: _each_timed(graph.replay, reps, cold_l2))
 
 
-def time_eager(fn, reps: int = 100, warmup: int = 3, cold_l2: bool = True) -> Timing:
+def time_eager(fn, reps: int = 100, warmup: int = 3, cold_l2: bool = True,
+               sustain_s: float = 0.0) -> Timing:
     """Time `fn` called eagerly `reps` times, each call alone between CUDA events (L2 evicted
     before each when `cold_l2`): for a step that cannot be captured into a graph, such as one
     whose host waits for the device inside it. The host's launch time and its waits show in the
     figures, as they do when such a step runs in a serving loop."""
+    if sustain_s > 0:
+        sustain(fn, sustain_s)
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -124,19 +168,23 @@ def time_eager(fn, reps: int = 100, warmup: int = 3, cold_l2: bool = True) -> Ti
 
 def _each_timed(call, reps: int, cold_l2: bool) -> Timing:
     """`call()` `reps` times, each alone between two CUDA events (the L2 evicted before each when
-    `cold_l2`); one synchronisation at the end."""
+    `cold_l2`); one synchronisation at the end, the SM clock sampled while waiting for it."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    clocks = [c for c in (sm_clock_mhz(),) if c is not None]
     for start, end in zip(starts, ends):
         if cold_l2:
             flush_l2()
         start.record()
         call()
         end.record()
-    torch.cuda.synchronize()
-    return summarize([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
+    _wait_sampling_clock(ends[-1], clocks)
+    clocks += [c for c in (sm_clock_mhz(),) if c is not None]
+    t = summarize([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
+    return replace(t, sm_mhz=statistics.fmean(clocks)) if clocks else t
 
 
-def time_replays(fn, reps: int = 100, warmup: int = 10, cold_l2: bool = True) -> Timing:
+def time_replays(fn, reps: int = 100, warmup: int = 10, cold_l2: bool = True,
+                 sustain_s: float = 0.0) -> Timing:
     """Capture `fn` (a whole step: must not sync the host) and time its replays."""
-    return time_graph(capture(fn), reps=reps, warmup=warmup, cold_l2=cold_l2)
+    return time_graph(capture(fn), reps=reps, warmup=warmup, cold_l2=cold_l2, sustain_s=sustain_s)
