@@ -179,3 +179,26 @@ def test_with_winners_alone_measures_the_contenders_and_nothing_new(monkeypatch,
     assert cli.main(base + ["--with-winners", "--preset", "no-such-model"]) == 2 and not seen
     with pytest.raises(SystemExit):
         cli.main(base + ["--with-winners", "--min-ctx", "lots"])
+
+
+def test_sustain_reaches_the_measurement_options(monkeypatch, tmp_path):
+    """`--sustain S` goes to every candidate's measurement (tuner.measure's sustain_s); without
+    it the options are a plain run's."""
+    seen = []
+
+    def fake_sweep(candidates, path, **kw):
+        seen.append(kw["options"])
+
+        class Out:
+            sweep_id = "x"
+
+            def summary(self):
+                return "faked"
+        return Out()
+
+    monkeypatch.setattr("drafter_attn.tuner.sweep.run_sweep", fake_sweep)
+    base = ["refine", str(TABLE), "--with-winners", "--min-ctx", "128k", "--db", str(tmp_path / "r.db")]
+    assert cli.main(base) == 0 and cli.main(base + ["--sustain", "0.75"]) == 0
+    assert seen == [dict(reps=0, nsys=False), dict(reps=0, nsys=False, sustain_s=0.75)]
+    with pytest.raises(SystemExit):
+        cli.main(base + ["--sustain", "-1"])

@@ -24,7 +24,8 @@ import json
 import sys
 
 from drafter_attn.kernels import tuned_table
-from drafter_attn.tuner.cli_checks import int_list, positive_float, positive_int, positive_size
+from drafter_attn.tuner.cli_checks import (int_list, non_negative_float, positive_float, positive_int,
+                                            positive_size)
 from drafter_attn.tuner.db import ProfileDB, SchemaError, default_path
 
 DB_HELP = """\
@@ -82,7 +83,8 @@ def cmd_sweep(args) -> int:
     path = _db_path(args)
     where = "local GPUs" if args.ray is None else f"Ray cluster {args.ray or '(new, local)'}"
     print(f"sweep {spec.name!r}: {len(candidates)} candidates on {where} -> {path}", file=sys.stderr)
-    common = dict(timeout_s=args.timeout or spec.timeout_s, options=dict(reps=spec.reps, nsys=spec.nsys),
+    common = dict(timeout_s=args.timeout or spec.timeout_s,
+                  options=dict(reps=spec.reps, nsys=spec.nsys, **_sustain(args)),
                   retry_failed=args.retry_failed, progress=not args.no_progress, name=spec.name)
     if args.ray is not None:
         from drafter_attn.tuner.ray_sweep import run_ray_sweep
@@ -96,6 +98,16 @@ def cmd_sweep(args) -> int:
         out = run_sweep(candidates, path, devices=devices, **common)
     print(f"sweep {out.sweep_id}: {out.summary()}", file=sys.stderr)
     return 0
+
+
+def _sustain(args) -> dict:
+    """The measurement option of --sustain (none when 0, so that a plain run's options are as before)."""
+    return dict(sustain_s=args.sustain) if args.sustain else {}
+
+
+SUSTAIN_HELP = ("replay each candidate's step back to back this long before each of its timings: "
+                "the clock state of a sustained load (the H200 lowers its SM clock to hold its power "
+                "limit, and some kernels slow with it); each row records its SM clock either way")
 
 
 def cmd_refine(args) -> int:
@@ -128,7 +140,7 @@ def cmd_refine(args) -> int:
         return _list_candidates(candidates, args.table)
     path = _db_path(args)
     print(f"refine {args.table} with {overrides}: {len(candidates)} candidates -> {path}", file=sys.stderr)
-    out = run_sweep(candidates, path, timeout_s=args.timeout, options=dict(reps=0, nsys=False),
+    out = run_sweep(candidates, path, timeout_s=args.timeout, options=dict(reps=0, nsys=False, **_sustain(args)),
                     retry_failed=args.retry_failed, progress=not args.no_progress, name="refine",
                     fresh=fresh)
     print(f"sweep {out.sweep_id}: {out.summary()}", file=sys.stderr)
@@ -357,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "starts a local cluster (needs the [ray] extra)")
     p.add_argument("--ray-gpus", type=positive_int, metavar="N", help="with --ray: use at most N of the cluster's GPUs")
     p.add_argument("--timeout", type=positive_float, help="seconds per candidate (default: the spec's timeout_s)")
+    p.add_argument("--sustain", type=non_negative_float, default=0.0, metavar="SECONDS", help=SUSTAIN_HELP)
     p.add_argument("--retry-failed", action="store_true", help="measure failed candidates again")
     p.add_argument("--dry-run", action="store_true", help="list the candidates and stop")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -395,6 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--impl", default="cupy", help="the backend whose winners to refine (default cupy)")
     _add_db(p)
     p.add_argument("--timeout", type=positive_float, default=300.0, help="seconds per candidate")
+    p.add_argument("--sustain", type=non_negative_float, default=0.0, metavar="SECONDS", help=SUSTAIN_HELP)
     p.add_argument("--retry-failed", action="store_true", help="measure failed candidates again")
     p.add_argument("--dry-run", action="store_true", help="list the candidates and stop")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
