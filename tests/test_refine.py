@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import types
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,19 @@ from drafter_attn.tuner.refine import refine_candidates
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE, DB = ROOT / "profiles" / "sm90.json", ROOT / "profiles" / "sm90.db"
+
+
+@pytest.fixture
+def sweeps(monkeypatch) -> list[dict]:
+    """`tuner refine`'s sweeps, recorded instead of run: each call's candidates and keywords."""
+    calls: list[dict] = []
+
+    def fake_sweep(candidates, path, **kw):
+        calls.append(dict(kw, candidates=list(candidates)))
+        return types.SimpleNamespace(sweep_id="x", summary=lambda: "faked")
+
+    monkeypatch.setattr("drafter_attn.tuner.sweep.run_sweep", fake_sweep)
+    return calls
 
 
 def _winners(where=()):
@@ -115,27 +129,14 @@ def test_with_winners_puts_each_winner_and_its_runners_up_right_before_its_refin
         assert at == list(range(at[0], at[-1] + 1))
 
 
-def test_the_cli_measures_the_winners_again_only_when_asked(monkeypatch, tmp_path):
-    seen = {}
-
-    def fake_sweep(candidates, path, **kw):
-        seen.update(n=len(candidates), fresh=set(kw["fresh"]))
-
-        class Out:
-            sweep_id = "x"
-
-            def summary(self):
-                return "faked"
-        return Out()
-
-    monkeypatch.setattr("drafter_attn.tuner.sweep.run_sweep", fake_sweep)
+def test_the_cli_measures_the_winners_again_only_when_asked(sweeps, tmp_path):
     base = ["refine", str(TABLE), "--set", "one_trip=1", "--max-batch", "8", "--db", str(tmp_path / "r.db")]
     assert cli.main(base) == 0
-    assert seen["fresh"] == set()
-    n_plain = seen["n"]
+    assert sweeps[-1]["fresh"] == set()
+    n_plain = len(sweeps[-1]["candidates"])
     assert cli.main(base + ["--with-winners"]) == 0
     pairs, _ = refine_candidates(TABLE, {"one_trip": True}, (), max_batch=8, with_winners=True)
-    assert seen["fresh"] == {c.key() for c in pairs} and seen["n"] == len(pairs) > n_plain
+    assert sweeps[-1]["fresh"] == {c.key() for c in pairs} and len(sweeps[-1]["candidates"]) == len(pairs) > n_plain
 
 
 def test_ctx_and_preset_filters_keep_those_keys_only():
@@ -152,53 +153,28 @@ def test_ctx_and_preset_filters_keep_those_keys_only():
     assert not {c.key() for c in short} & {c.key() for c in cands}
 
 
-def test_with_winners_alone_measures_the_contenders_and_nothing_new(monkeypatch, tmp_path):
+def test_with_winners_alone_measures_the_contenders_and_nothing_new(sweeps, tmp_path):
     """No --set: the winners and their runners-up as they were measured, every one a row the
     shipped database holds, all of them fresh; neither option: refused before any work."""
-    seen = {}
-
-    def fake_sweep(candidates, path, **kw):
-        seen.update(keys={c.key() for c in candidates}, fresh=set(kw["fresh"]))
-
-        class Out:
-            sweep_id = "x"
-
-            def summary(self):
-                return "faked"
-        return Out()
-
-    monkeypatch.setattr("drafter_attn.tuner.sweep.run_sweep", fake_sweep)
     base = ["refine", str(TABLE), "--min-ctx", "128k", "--preset", "qwen3-8b-dflash-b16",
             "--db", str(tmp_path / "r.db")]
     assert cli.main(base + ["--with-winners"]) == 0
     db_keys = {row[0] for row in sqlite3.connect(f"file:{DB}?mode=ro", uri=True).execute(
         "SELECT DISTINCT candidate_key FROM results")}
-    assert seen["keys"] and seen["keys"] == seen["fresh"] and seen["keys"] <= db_keys
-    seen.clear()
-    assert cli.main(base) == 2 and not seen
-    assert cli.main(base + ["--with-winners", "--preset", "no-such-model"]) == 2 and not seen
+    (run,) = sweeps
+    keys = {c.key() for c in run["candidates"]}
+    assert keys and keys == set(run["fresh"]) and keys <= db_keys
+    assert cli.main(base) == 2 and len(sweeps) == 1
+    assert cli.main(base + ["--with-winners", "--preset", "no-such-model"]) == 2 and len(sweeps) == 1
     with pytest.raises(SystemExit):
         cli.main(base + ["--with-winners", "--min-ctx", "lots"])
 
 
-def test_sustain_reaches_the_measurement_options(monkeypatch, tmp_path):
+def test_sustain_reaches_the_measurement_options(sweeps, tmp_path):
     """`--sustain S` goes to every candidate's measurement (tuner.measure's sustain_s); without
     it the options are a plain run's."""
-    seen = []
-
-    def fake_sweep(candidates, path, **kw):
-        seen.append(kw["options"])
-
-        class Out:
-            sweep_id = "x"
-
-            def summary(self):
-                return "faked"
-        return Out()
-
-    monkeypatch.setattr("drafter_attn.tuner.sweep.run_sweep", fake_sweep)
     base = ["refine", str(TABLE), "--with-winners", "--min-ctx", "128k", "--db", str(tmp_path / "r.db")]
     assert cli.main(base) == 0 and cli.main(base + ["--sustain", "0.75"]) == 0
-    assert seen == [dict(reps=0, nsys=False), dict(reps=0, nsys=False, sustain_s=0.75)]
+    assert [r["options"] for r in sweeps] == [dict(reps=0, nsys=False), dict(reps=0, nsys=False, sustain_s=0.75)]
     with pytest.raises(SystemExit):
         cli.main(base + ["--sustain", "-1"])

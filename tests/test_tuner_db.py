@@ -203,19 +203,27 @@ def test_environment_id_and_software_versions():
     assert set(sw) | {"gpu_name", "sm", "sm_count", "driver"} == set(env.FIELDS)
 
 
-def test_version_2_database_gains_the_clock_column(tmp_path):
-    """A database written before timings recorded their SM clock opens as version 3: its rows
-    kept, their clock NULL (not measured), and a new row's clock stored."""
-    path = tmp_path / "v2.db"
+def _older_database(path, version: int, added_since: tuple[str, ...]) -> str:
+    """A database of schema `version` at `path`, one ok row in it (candidate "c", 12.5 us): a
+    current one with the columns added since taken out. Returns its environment's id."""
     with ProfileDB(path) as db:
         eid = db.add_environment(dict(gpu_name="H200", sm=90))
         db.add_result(dict(env_id=eid, candidate_key="c", problem_key={}, impl="cupy", params={},
                            status="ok", median_us=12.5))
     c = sqlite3.connect(path)
-    c.execute("ALTER TABLE results DROP COLUMN sm_clock_mhz")
-    c.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    for name in added_since:
+        c.execute(f"ALTER TABLE results DROP COLUMN {name}")
+    c.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),))
     c.commit()
     c.close()
+    return eid
+
+
+def test_version_2_database_gains_the_clock_column(tmp_path):
+    """A database written before timings recorded their SM clock opens as version 3: its rows
+    kept, their clock NULL (not measured), and a new row's clock stored."""
+    path = tmp_path / "v2.db"
+    eid = _older_database(path, 2, ("sm_clock_mhz",))
     with ProfileDB(path, readonly=True) as db:  # read as it is
         assert db.schema_version() == 2
     with ProfileDB(path) as db:
@@ -230,16 +238,8 @@ def test_version_1_database_is_migrated_keeping_its_rows(tmp_path):
     """A database written before the read-floor columns existed opens, keeps its rows, and
     reads NULL (not measured) in the new columns; merging it into a new database works too."""
     path = tmp_path / "v1.db"
-    with ProfileDB(path) as db:
-        eid = db.add_environment(dict(gpu_name="H200", sm=90))
-        db.add_result(dict(env_id=eid, candidate_key="c", problem_key={}, impl="cupy", params={},
-                           status="ok", median_us=12.5))
-    c = sqlite3.connect(path)
-    for name in ("read_floor_us", "read_bandwidth_gbs", "read_roofline_fraction", "graph_fixed_us"):
-        c.execute(f"ALTER TABLE results DROP COLUMN {name}")
-    c.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
-    c.commit()
-    c.close()
+    eid = _older_database(path, 1, ("read_floor_us", "read_bandwidth_gbs", "read_roofline_fraction",
+                                    "graph_fixed_us", "sm_clock_mhz"))
     assert merge(tmp_path / "new.db", path)["results"] == 1
     with ProfileDB(path) as db:
         assert db.schema_version() == dbmod.SCHEMA_VERSION
