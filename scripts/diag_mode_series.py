@@ -11,7 +11,8 @@ can be set beside the other's.
 Questions it answers: are the slow replays runs (a state that lasts) or scattered; does a run
 begin after some time under load (power) or anywhere; and do the samples in it show a lower SM
 clock or a throttle reason. Last, for each case, its replays' median time by the SM clock
-sampled nearest them: how much the kernel slows as the clock falls.
+sampled nearest them: how much the kernel slows as the clock falls. (On the H200 the answer was
+the SM clock under the 700 W power limit: perf-notes, "The SM clock under the power limit".)
 
     [SERIES=400] [PASSES=2] [FLUSH=0] python scripts/diag_mode_series.py [SPEC B CTX PAGE] ...
     (on a GPU; writes series.csv and smi.csv into $OUT or .)
