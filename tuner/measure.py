@@ -48,17 +48,17 @@ def _l2_bytes(index: int) -> int:
     return torch.cuda.get_device_properties(index).L2_cache_size or (60 << 20)
 
 
-def _timer(fn, eager: bool, sustain_s: float = 0.0):
-    """time(reps, warmup, cold_l2) of `fn`: graph replays (captured once here), or eager calls;
-    each timing after `sustain_s` of back-to-back calls (timing.sustain)."""
+def _timer(fn, eager: bool):
+    """time(reps, warmup, cold_l2, sustain_s) of `fn`: graph replays (captured once here), or
+    eager calls; `sustain_s` of back-to-back calls before the timing (timing.sustain)."""
     from drafter_attn.tuner import timing
 
     if eager:
-        return lambda reps, warmup=3, cold_l2=True: timing.time_eager(fn, reps=reps, warmup=warmup, cold_l2=cold_l2,
-                                                                       sustain_s=sustain_s)
+        return lambda reps, warmup=3, cold_l2=True, sustain_s=0.0: timing.time_eager(
+            fn, reps=reps, warmup=warmup, cold_l2=cold_l2, sustain_s=sustain_s)
     graph = timing.capture(fn)
-    return lambda reps, warmup=10, cold_l2=True: timing.time_graph(graph, reps=reps, warmup=warmup, cold_l2=cold_l2,
-                                                                    sustain_s=sustain_s)
+    return lambda reps, warmup=10, cold_l2=True, sustain_s=0.0: timing.time_graph(
+        graph, reps=reps, warmup=warmup, cold_l2=cold_l2, sustain_s=sustain_s)
 
 
 def time_fn(fn, nbytes: int, reps: int = 0, eager: bool = False, sustain_s: float = 0.0) -> tuple[dict, int]:
@@ -73,11 +73,11 @@ def time_fn(fn, nbytes: int, reps: int = 0, eager: bool = False, sustain_s: floa
     from drafter_attn.tuner import floors, roofline
 
     cold = nbytes < FLUSH_BELOW_L2_MULTIPLE * _l2_bytes(torch.cuda.current_device())
-    timer = _timer(fn, eager, sustain_s)
+    timer = _timer(fn, eager)
     if not reps:
-        reps = choose_reps(_timer(fn, eager)(5, warmup=2, cold_l2=cold).median_us)
-    first = timer(reps, cold_l2=cold)
-    second = timer(reps, cold_l2=cold)
+        reps = choose_reps(timer(5, warmup=2, cold_l2=cold).median_us)
+    first = timer(reps, cold_l2=cold, sustain_s=sustain_s)
+    second = timer(reps, cold_l2=cold, sustain_s=sustain_s)
     del timer
     row = dict(median_us=first.median_us, p10_us=first.p10_us, p90_us=first.p90_us,
                mean_us=first.mean_us, min_us=first.min_us, count=first.count,
@@ -93,8 +93,8 @@ def time_step(step, reps: int = 0, eager: bool = False, sustain_s: float = 0.0) 
     (eager calls with `eager`), each after `sustain_s` of back-to-back calls."""
     row, reps = time_fn(step.run, step.bytes_moved, reps, eager=eager, sustain_s=sustain_s)
     for name, fn in (("attention", step.attention_only), ("store", step.store_only)):
-        timer = _timer(fn, eager, sustain_s)
-        t = timer(reps, cold_l2=row["l2_flushed"])
+        timer = _timer(fn, eager)
+        t = timer(reps, cold_l2=row["l2_flushed"], sustain_s=sustain_s)
         del timer
         row.update({f"{name}_median_us": t.median_us, f"{name}_p10_us": t.p10_us,
                     f"{name}_p90_us": t.p90_us})

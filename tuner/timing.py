@@ -105,15 +105,12 @@ def sm_clock_mhz() -> float | None:
         return None
 
 
-def _wait_sampling_clock(done: torch.cuda.Event, clocks: list[float]) -> None:
-    """Wait for `done`, sampling the SM clock into `clocks` every few milliseconds meanwhile."""
-    while not done.query():
-        c = sm_clock_mhz()
-        if c is None:
-            break
-        clocks.append(c)
-        time.sleep(0.003)
-    torch.cuda.synchronize()
+def _sample_clock(into: list[float]) -> bool:
+    """Append the SM clock now to `into`; False where NVML cannot say."""
+    c = sm_clock_mhz()
+    if c is not None:
+        into.append(c)
+    return c is not None
 
 
 def sustain(call, seconds: float) -> None:
@@ -171,15 +168,18 @@ def _each_timed(call, reps: int, cold_l2: bool) -> Timing:
     `cold_l2`); one synchronisation at the end, the SM clock sampled while waiting for it."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    clocks = [c for c in (sm_clock_mhz(),) if c is not None]
+    clocks: list[float] = []
+    _sample_clock(clocks)
     for start, end in zip(starts, ends):
         if cold_l2:
             flush_l2()
         start.record()
         call()
         end.record()
-    _wait_sampling_clock(ends[-1], clocks)
-    clocks += [c for c in (sm_clock_mhz(),) if c is not None]
+    while not ends[-1].query() and _sample_clock(clocks):  # the clock while the replays run
+        time.sleep(0.003)
+    torch.cuda.synchronize()
+    _sample_clock(clocks)
     t = summarize([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
     return replace(t, sm_mhz=statistics.fmean(clocks)) if clocks else t
 
