@@ -14,7 +14,9 @@ attention.json and attention.md under --out.
 
 `--impl auto` measures what kernels.Runtime runs: at each point and layout, the pick of the tuned
 table ($DRAFTER_TUNED_TABLE, else $DRAFTER_DB, else the table shipped for this GPU's SM, else the
-default heuristic); the `pick` column names the kernel and parameters that ran.
+default heuristic); the `pick` column names the kernel and parameters that ran. `auto:sustained`
+picks from the sustained regime's table (kernels.tuned_table.REGIMES), `auto:burst` from the
+burst one, so that one run can time both tables' picks side by side.
 
 Ratios of a few percent (paged over arena, one variant over another) drift with the machine
 between measurements minutes apart more than within one. `--rounds N` measures every point's
@@ -57,6 +59,22 @@ POINT = ["impl", "layout", "page", "batch", "ctx"]
 AUTO = "auto"
 
 
+def auto_regime(spec: str) -> str | None:
+    """The clock regime whose tuned table an --impl item picks from: "auto" the runtime's
+    default ($DRAFTER_REGIME, else burst), "auto:burst" / "auto:sustained" that regime's; None
+    for a kernel spec. SystemExit for an unknown regime."""
+    from drafter_attn.kernels.tuned_table import REGIMES, default_regime
+
+    name, sep, regime = spec.partition(":")
+    if name != AUTO:
+        return None
+    if not sep:
+        return default_regime()
+    if regime not in REGIMES:
+        raise SystemExit(f"--impl {spec}: the regime must be one of {', '.join(REGIMES)}")
+    return regime
+
+
 def _candidate(spec: str, geometry, layout: str, page: int | None, batch: int, ctx: int, preset: str):
     from drafter_attn.tuner.spec import Candidate
 
@@ -82,8 +100,8 @@ def measure_kernel(spec: str, geometry, layout: str, page: int | None, batch: in
     from drafter_attn.tuner import floors, roofline
     from drafter_attn.tuner.measure import measure_candidate
 
-    cand = _candidate(spec, geometry, layout, page, batch, ctx, preset)
-    result = measure_candidate(cand.to_wire(), reps=reps, sustain_s=sustain_s)
+    cand = _candidate(spec, geometry, layout, page, batch, ctx, preset).sustained(sustain_s)
+    result = measure_candidate(cand.to_wire(), reps=reps)
     record(cand, result)
     row = dict(impl=label or spec, pick=spec, layout=layout, page=page or 0, batch=batch, ctx=ctx,
                status=result["status"], reason=result.get("reason"), rel_err=result.get("rel_err"),
@@ -105,7 +123,8 @@ def measure_base(name: str, geometry, page: int, batch: int, ctx: int, *, reps: 
     from drafter_attn.tuner.spec import Candidate
 
     result = measure_baseline(name, geometry, page, batch, ctx, reps=reps, seed=seed, sustain_s=sustain_s)
-    cand = Candidate(Problem(geometry.with_(num_layers=1), "paged", page, batch, ctx), name, (), None, preset)
+    cand = Candidate(Problem(geometry.with_(num_layers=1), "paged", page, batch, ctx), name, (), None, preset,
+                     sustain_s=sustain_s)
     record(cand, result)
     row = dict(impl=name, pick=name, layout="paged", page=page, batch=batch, ctx=ctx,
                status=result["status"], reason=result.get("reason"), sm_mhz=result.get("sm_clock_mhz"))
@@ -206,7 +225,8 @@ def parse_args(argv):
     ap.add_argument("--impl", default="cupy",
                     help="';'-separated registry names, each optionally with params: "
                          "'cupy;cupy:tile_n=128,stages=2'; 'auto' is the runtime's tuned pick at "
-                         "each point (the `pick` column names it)")
+                         "each point (the `pick` column names it), 'auto:sustained' / 'auto:burst' "
+                         "the pick of that clock regime's table")
     ap.add_argument("--baseline", default="auto",
                     help="'auto' (every baseline installed that takes the geometry), 'none', or a "
                          f"comma list of {', '.join(baselines.NAMES)}")
@@ -284,9 +304,16 @@ def main(argv=None) -> int:
                 preset=args.preset, commit=decode.git_commit(), sustain_s=args.sustain,
                 command=" ".join(["python -m drafter_attn.bench.attention_table", *(argv or sys.argv[1:])]),
                 date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
-    # auto: what kernels.Runtime reads ($DRAFTER_TUNED_TABLE, $DRAFTER_DB, the shipped table)
-    dispatcher, meta["auto"] = decode.load_dispatcher(None, sm) if AUTO in args.impl.split(";") else (None, None)
-    if dispatcher is not None:
+    # auto: what kernels.Runtime reads ($DRAFTER_TUNED_TABLE, $DRAFTER_DB, the shipped table), in
+    # each regime asked for
+    dispatchers, sources = {}, []
+    for spec in args.impl.split(";"):
+        regime = auto_regime(spec)
+        if regime is not None and regime not in dispatchers:
+            dispatchers[regime], source = decode.load_dispatcher(None, sm, regime)
+            sources.append(f"{spec}: {source}")
+    meta["auto"] = "; ".join(sources) or None
+    if meta["auto"]:
         print(f"auto: {meta['auto']}", flush=True)
     print(f"{meta['gpu_name']} sm{sm}: copy {meta['copy_bw_gbps']:.0f} GB/s (read+write); timing method's "
           f"fixed cost (one-kernel graph) {meta['graph_fixed_us']:.2f} us", flush=True)
@@ -320,7 +347,9 @@ def main(argv=None) -> int:
                 for spec in args.impl.split(";"):
                     for page in [*args.page, None]:
                         layout = "paged" if page else "arena"
-                        run = pick_spec(dispatcher, geometry, layout, page, batch, ctx, sm) if spec == AUTO else spec
+                        regime = auto_regime(spec)
+                        run = spec if regime is None else pick_spec(dispatchers[regime], geometry, layout,
+                                                                    page, batch, ctx, sm)
                         keep(dict(measure_kernel(run, geometry, layout, page, batch, ctx, reps=args.reps,
                                                  preset=args.preset, record=record, label=spec,
                                                  sustain_s=args.sustain), round=rnd))

@@ -2,7 +2,7 @@
 
     bench decode  [--sm N] [--page 64,128] [--preset NAME | --heads 32/8 --head-dim 128 ...]
                   [--batch 1,8,32] [--ctx 2k,8k,32k] [--accepted 3.4] [--impl auto]
-                  [--table-capacity 128k] [--max-ctx-hint on|off|both]
+                  [--table-capacity 128k] [--max-ctx-hint on|off|both] [--regime burst|sustained]
                   [--baseline auto|none|flashinfer|NAME,...] [--context-chunk 2k] [--syncs fast|all]
                   [--db PATH] [--out DIR]
     bench prefill [--chunk 2k] [--ctx 0,8k] ...    the context step: a prompt chunk stored
@@ -23,6 +23,7 @@ from pathlib import Path
 
 from drafter_attn.bench import options as opt
 from drafter_attn.bench.options import BenchError
+from drafter_attn.kernels.tuned_table import REGIMES, SUSTAIN_S, default_regime
 
 DECODE_DEFAULTS = dict(page="64,128", batch="1,8,32", ctx="2k,8k,32k")
 PREFILL_DEFAULTS = dict(page="64,128", batch="1,8", ctx="0,8k", chunk="2k")
@@ -69,6 +70,14 @@ def _measure_options(p: argparse.ArgumentParser, defaults: dict) -> None:
                         "both rows (default: both with --table-capacity, else off)")
     p.add_argument("--reps", type=opt.non_negative_int, default=0,
                    help="timed graph replays per timing; 0 picks them from the step's length")
+    p.add_argument("--regime", choices=REGIMES, default=None,
+                   help="the GPU's clock regime: burst (a cool GPU), or sustained (a serving loop that "
+                        "holds it at its power limit, where the H200 lowers its SM clock): auto picks "
+                        "from that regime's table, and each timing follows --sustain seconds of the "
+                        "step's own load. Default: $DRAFTER_REGIME, else burst")
+    p.add_argument("--sustain", type=opt.non_negative_float, default=None, metavar="SECONDS",
+                   help=f"the load before each timing (default: {SUSTAIN_S:g} in the sustained regime, "
+                        "0 in a burst)")
     p.add_argument("--db", default=None, metavar="PATH",
                    help="profile database to record into (default: $DRAFTER_DB, else profiles/profile.db "
                         "of the checkout, else ~/.local/share/drafter-attn/profile.db)")
@@ -154,17 +163,19 @@ def _measure_plan(args, geometry, label: str):
 
     preset = None if label.startswith("custom:") else label
     impls = [s.strip() for s in args.impl.split(",") if s.strip()]
+    regime = args.regime or default_regime()
     if args.command == "decode":
         return decode.plan("decode", geometry, label, preset, pages=args.page, batches=args.batch,
                            ctxs=args.ctx, impls=impls, accepted=args.accepted,
                            context_chunks=args.context_chunk, baseline=args.baseline, reps=args.reps,
                            nsys=args.nsys or args.syncs in ("all", "nsys"), concurrency=args.concurrency,
                            max_ctx=args.max_ctx, table_capacities=args.table_capacity,
-                           max_ctx_hint=args.max_ctx_hint)
+                           max_ctx_hint=args.max_ctx_hint, regime=regime, sustain_s=args.sustain)
     return decode.plan("prefill", geometry, label, preset, pages=args.page, batches=args.batch,
                        ctxs=args.ctx, impls=impls, context_chunks=args.chunk, decode=False,
                        baseline="none", reps=args.reps, concurrency=args.concurrency, max_ctx=args.max_ctx,
-                       table_capacities=args.table_capacity, max_ctx_hint=args.max_ctx_hint)
+                       table_capacities=args.table_capacity, max_ctx_hint=args.max_ctx_hint,
+                       regime=regime, sustain_s=args.sustain)
 
 
 def _select_gpu(args, command: str):

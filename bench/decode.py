@@ -39,7 +39,7 @@ from pathlib import Path
 
 from drafter_attn.bench.options import BenchError
 from drafter_attn.kernels import footprint as kvmem
-from drafter_attn.kernels.tuned_table import sync_count
+from drafter_attn.kernels.tuned_table import SUSTAIN_S, sync_count
 from drafter_attn.tuner import memory as step_memory
 
 DECODE, CONTEXT = "decode", "context"
@@ -95,6 +95,8 @@ class Plan:
     max_ctx: int | None = None  # None: largest context + the store's rows
     table_capacities: list[int] = field(default_factory=list)  # --table-capacity (tokens)
     max_ctx_hint: str = "off"  # --max-ctx-hint: on, off or both
+    regime: str = "burst"  # --regime: the table `auto` picks from (kernels.tuned_table.REGIMES)
+    sustain_s: float = 0.0  # each timing after this long of the step's own back-to-back load
     notes: list[str] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
     interrupted: bool = False  # set by execute() on Ctrl-C: the rows so far are kept
@@ -194,8 +196,11 @@ def table_variants(table_capacities, max_ctx_hint: str | None) -> tuple[str, lis
 
 def plan(command: str, geometry, label: str, preset: str | None, *, pages, batches, ctxs, impls,
          accepted=None, context_chunks=(), decode=True, baseline="auto", reps=0, nsys=False,
-         concurrency=None, max_ctx=None, table_capacities=(), max_ctx_hint=None) -> Plan:
-    """Validate the options and list the jobs. Raises BenchError with what to change."""
+         concurrency=None, max_ctx=None, table_capacities=(), max_ctx_hint=None, regime="burst",
+         sustain_s=None) -> Plan:
+    """Validate the options and list the jobs. Raises BenchError with what to change. `regime`
+    "sustained": `auto` picks from that regime's table, and each timing follows `sustain_s`
+    seconds of load (default SUSTAIN_S there, 0 in a burst)."""
     impls = check_impls(impls)
     rows = rows_stored_for(accepted, geometry.block_size)
     steps = ([(DECODE, None)] if decode else []) + [(CONTEXT, c) for c in context_chunks]
@@ -204,8 +209,12 @@ def plan(command: str, geometry, label: str, preset: str | None, *, pages, batch
     names, notes = baselines_wanted(baseline, geometry) if decode else ([], [])
     hint_option, variants = table_variants(list(table_capacities), max_ctx_hint)
     p = Plan(command, geometry, label, preset, list(pages), list(batches), list(ctxs), impls, steps,
-             accepted, rows, names, reps, nsys, concurrency, max_ctx, list(table_capacities), hint_option)
+             accepted, rows, names, reps, nsys, concurrency, max_ctx, list(table_capacities), hint_option,
+             regime, (SUSTAIN_S if regime == "sustained" else 0.0) if sustain_s is None else float(sustain_s))
     p.notes.extend(notes)
+    if p.sustain_s:
+        p.notes.append(f"each timing after {p.sustain_s:g} s of its step's own back-to-back load "
+                       f"({regime} regime)")
     from drafter_attn.kernels import registry
 
     for impl in impls:
@@ -279,21 +288,22 @@ class ImplPick:
     summary: str  # how it was picked, without per-problem detail (printed once per group)
 
 
-def load_dispatcher(table=None, sm: int | None = None):
+def load_dispatcher(table=None, sm: int | None = None, regime: str = "burst"):
     """(kernels.dispatch.Dispatcher, what it reads): $DRAFTER_TUNED_TABLE when set, else `table`
     (the profile database bench was given with --db), else what kernels.Runtime reads on SM `sm`
-    ($DRAFTER_DB, else the table or database shipped for that SM). One that is missing or
-    unusable gives the dispatcher's default heuristic."""
+    in `regime` ($DRAFTER_DB, else the table or database shipped for that SM and regime). One
+    that is missing or unusable gives the dispatcher's default heuristic."""
     from drafter_attn.kernels.dispatcher import CURRENT, Dispatcher
     from drafter_attn.kernels.shipped import find_default
 
-    source = os.environ.get("DRAFTER_TUNED_TABLE") or table or find_default(sm)
+    source = os.environ.get("DRAFTER_TUNED_TABLE") or table or find_default(sm, regime=regime)
     source = str(source) if source else None
     if source is None or not Path(source).exists():
         return Dispatcher(), "kernels.dispatch, default heuristic" + (f" ({source} does not exist)" if source else "")
     try:
         # env=CURRENT: entries measured on another GPU or other kernel sources are misses
-        return Dispatcher.load(source, env=CURRENT), f"kernels.dispatch over {source}"
+        return (Dispatcher.load(source, env=CURRENT, regime=regime),
+                f"kernels.dispatch over {source}" + (f" ({regime} regime)" if regime != "burst" else ""))
     except Exception as exc:  # TableError: unreadable, foreign, another schema
         return Dispatcher(), f"kernels.dispatch, default heuristic ({source} unusable: {exc})"
 
@@ -407,7 +417,8 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
     base_jobs = p.baseline_jobs(env.get("sm"))
     total = len(p.jobs) + len(base_jobs)
     rows = []
-    dispatcher, dispatcher_note = load_dispatcher(table, env.get("sm")) if "auto" in p.impls else (None, "")
+    dispatcher, dispatcher_note = (load_dispatcher(table, env.get("sm"), p.regime) if "auto" in p.impls
+                                   else (None, ""))
     picks: dict[tuple, ImplPick] = {}
     counts: dict[tuple, int] = {}
     for job in p.jobs:
@@ -435,7 +446,8 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
             pick = picks[(job.impl_option, _pick_problem(p, job))]
             impl, params, note = pick.impl, pick.params, pick.note
             stored = p.rows_stored if job.step == DECODE else float(job.chunk)
-            cand = Candidate(problem, impl, tuple(sorted(params.items())), stored, p.preset)
+            cand = Candidate(problem, impl, tuple(sorted(params.items())), stored, p.preset,
+                             sustain_s=p.sustain_s)
             if job.step == DECODE:
                 result = measure(cand.to_wire(), reps=p.reps, nsys=p.nsys, **job.step_options)
             else:
@@ -447,8 +459,9 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
             echo(f"[{n}/{total}] {_describe(row)}")
         for n, (name, batch, ctx, page) in enumerate(base_jobs, len(p.jobs) + 1):
             g1 = p.geometry.with_(num_layers=1)
-            cand = Candidate(Problem(g1, "paged", page, batch, ctx), name, (), None, p.preset)
-            result = measure_baseline(name, p.geometry, page, batch, ctx, reps=p.reps)
+            cand = Candidate(Problem(g1, "paged", page, batch, ctx), name, (), None, p.preset,
+                             sustain_s=p.sustain_s)
+            result = measure_baseline(name, p.geometry, page, batch, ctx, reps=p.reps, sustain_s=p.sustain_s)
             db.add_result(result_row(cand, baseline_db_result(result), env_id, sweep_id, "bench"))
             row = _baseline_row(p, cand, result)
             rows.append(row)

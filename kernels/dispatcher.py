@@ -138,16 +138,17 @@ class Dispatcher:
             buckets[e.buckets] = e
 
     @classmethod
-    def load(cls, path, *, include_predicted: bool = False, env=None) -> Dispatcher:
+    def load(cls, path, *, include_predicted: bool = False, env=None, regime: str = "burst") -> Dispatcher:
         """Open a tuned table (.json) or a profile database; raises TableError when the file is
         unusable. With `env` (an Environment, or CURRENT: this process's GPU, kernel sources and
         library versions, as `Runtime` loads), entries measured elsewhere are misses; None reads
-        the table as data, with no comparison."""
+        the table as data, with no comparison. `regime` (kernels.tuned_table.REGIMES): which
+        timings of a profile database decide its keys."""
         if env == CURRENT:
             from drafter_attn.kernels.tuned_table import current_environment
 
             env = current_environment()
-        entries, source = load_table(path, include_predicted=include_predicted, env=env)
+        entries, source = load_table(path, include_predicted=include_predicted, env=env, regime=regime)
         return cls(entries, source=source, include_predicted=include_predicted)
 
     @property

@@ -24,7 +24,7 @@ from drafter_attn.kernels.dispatcher import CURRENT, Dispatcher, Pick, fmt_param
 from drafter_attn.kernels.guards import RecentPlans
 from drafter_attn.kernels.shipped import find_default
 from drafter_attn.kernels.spec import Geometry, Problem
-from drafter_attn.kernels.tuned_table import TableError
+from drafter_attn.kernels.tuned_table import TableError, check_regime, default_regime
 
 log = logging.getLogger("drafter_attn.kernels.runtime")
 
@@ -61,7 +61,7 @@ class Runtime:
     """
 
     def __init__(self, table=None, *, sm: int | None = None, include_predicted: bool = False,
-                 geometry: Geometry | None = None):
+                 geometry: Geometry | None = None, regime: str | None = None):
         """Load the tuned picks once; no kernel is built until a shape is first called.
 
         Args:
@@ -77,6 +77,12 @@ class Runtime:
             include_predicted: also use a table's predicted (not measured) entries.
             geometry: the drafter's `Geometry`, when known: the context stores then use a tuned
                 pick from the first step instead of following the last attention's backend.
+            regime: the GPU's clock regime the picks are for (kernels.tuned_table.REGIMES):
+                "burst" (the default), or "sustained" for a deployment that keeps the GPU at its
+                power limit (the H200 then lowers its SM clock, and the picks of its heaviest
+                calls differ); None: $DRAFTER_REGIME, else burst. It chooses the shipped table
+                (`sm<SM>-sustained.json` where one is shipped) and which rows of a profile
+                database decide; a tuned table given by path is read as exported.
 
         Example (CPU tensors: the torch reference runs them):
             >>> rt = Runtime(Dispatcher())  # the default heuristic, no table
@@ -85,9 +91,10 @@ class Runtime:
         """
         self.sm = sm
         self.geometry = geometry
+        self.regime = default_regime() if regime is None else check_regime(regime)
         self.table_error: Exception | None = None
         if table is None:
-            table = find_default(sm)
+            table = find_default(sm, regime=self.regime)
         if isinstance(table, Dispatcher):
             self.dispatcher = table
         elif table is None:
@@ -107,7 +114,7 @@ class Runtime:
 
     def _load(self, table, include_predicted: bool) -> Dispatcher:
         try:
-            return Dispatcher.load(table, include_predicted=include_predicted, env=CURRENT)
+            return Dispatcher.load(table, include_predicted=include_predicted, env=CURRENT, regime=self.regime)
         except Exception as exc:  # whatever a file holds, serving goes on with the heuristic
             self.table_error = exc if isinstance(exc, TableError) else TableError(
                 f"{table}: {type(exc).__name__}: {exc}")

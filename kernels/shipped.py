@@ -1,8 +1,9 @@
 """Where the runtime and the read-only tuner commands find their measurements by default.
 
 The profile databases and tuned tables measured on real GPUs ship with the package, one pair per
-SM (`profiles/sm<SM>.json`, `profiles/sm<SM>.db`, installed as `drafter_attn.profiles`).
-`$DRAFTER_TUNED_TABLE` and `$DRAFTER_DB` override them.
+SM (`profiles/sm<SM>.json`, `profiles/sm<SM>.db`, installed as `drafter_attn.profiles`), and for an
+SM measured under a sustained load also that regime's table (`profiles/sm<SM>-sustained.json`;
+kernels.tuned_table.REGIMES). `$DRAFTER_TUNED_TABLE` and `$DRAFTER_DB` override them.
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ def gpu_sm() -> int | None:
         return None
 
 
-def find_default(sm: int | None = None, kinds=("table", "db")) -> Path | None:
+def find_default(sm: int | None = None, kinds=("table", "db"), regime: str = "burst") -> Path | None:
     """The measurements to read: the first of `kinds` set in its environment variable, else the
-    first of `kinds` shipped for SM `sm` (None: the current GPU's); None when there is none."""
+    first of `kinds` shipped for SM `sm` (None: the current GPU's); None when there is none. In
+    the sustained `regime` a table shipped for it comes first (a database holds both regimes:
+    its reader picks the regime's rows)."""
     for kind in kinds:
         value = os.environ.get(ENV_VARS[kind])
         if value:
@@ -47,8 +50,11 @@ def find_default(sm: int | None = None, kinds=("table", "db")) -> Path | None:
     sm = gpu_sm() if sm is None else sm
     if sm is None or folder is None:
         return None
-    for kind in kinds:
-        path = folder / f"sm{int(sm)}{SUFFIXES[kind]}"
+    names = [f"sm{int(sm)}{SUFFIXES[kind]}" for kind in kinds]
+    if regime != "burst" and "table" in kinds:
+        names.insert(0, f"sm{int(sm)}-{regime}{SUFFIXES['table']}")
+    for name in names:
+        path = folder / name
         if path.is_file():
             return path
     return None

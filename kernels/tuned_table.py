@@ -21,11 +21,15 @@ Tuned-table JSON (format "drafter-attn-tuned-table", version 1)::
                   "syncs": 0, "graph_capturable": true, "kv_bytes": ..., "workspace_bytes": ...,
                   "candidates": 2,
                   "alternatives": [{"impl": ..., "params": {...}, "median_us": ..., "per_layer_us": ...}],
-                  "provenance": {"kind": "measured", "sweep": ..., "date": ..., "gpu": ...,
+                  "provenance": {"kind": "measured", "regime": "burst", "sustain_s": null,
+                                 "sweep": ..., "date": ..., "gpu": ...,
                                  "driver": ..., "cuda": ..., "sources_hash": ...,
                                  "versions": {"torch": ..., "cupy": ..., "cutlass": ..., "nvrtc": ...},
                                  "commit": ..., "env_id": ..., "preset": ...}}, ...]}
 
+`provenance.regime` is the clock regime its winner was timed in (REGIMES: "burst", or
+"sustained" after `sustain_s` seconds of load); a table exported for the sustained regime
+(`source.regime`) holds sustained winners where its database measured the key sustained.
 `provenance.gpu` is a GPU name, or the name of a class in `gpu_classes`: an entry measured on one
 GPU of a class is used on every GPU of that class, and on no other GPU.
 
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sqlite3
 import types
 import urllib.parse
@@ -63,8 +68,10 @@ MAX_ALTERNATIVES = 3
 # The profile database, as far as the runtime reads it (tuner/db.py owns the schema; a test
 # checks these names against it).
 DB_SCHEMA_NAME = "drafter-attn-profile"
-DB_SCHEMA_VERSION = 3
-DB_READS_VERSIONS = ("1", "2", "3")  # versions 2 and 3 only added columns this runtime does not read
+DB_SCHEMA_VERSION = 4
+# versions 2 and 3 only added columns this runtime does not read; before 4 (`sustain_s`) every row
+# is a burst's
+DB_READS_VERSIONS = ("1", "2", "3", "4")
 SHAPE_FIELDS = ("num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window", "dtype",
                 "layout", "page_size")
 VERSION_FIELDS = ("torch", "cupy", "cutlass", "nvrtc")
@@ -77,10 +84,21 @@ SELECT e.sm, e.gpu_name, e.driver, e.cuda, e.torch, e.cupy, e.cutlass, e.nvrtc, 
        r.layout, r.page_size, r.batch, r.ctx_len, r.num_layers, r.impl, r.params, r.provenance,
        r.median_us, r.attention_median_us, r.store_median_us, r.syncs_debug, r.syncs_profiler,
        r.syncs_nsys, r.graph_capturable, r.kv_bytes, r.workspace_bytes, r.sweep_id, r.created_at,
-       r.id AS row_order
+       r.sustain_s, r.id AS row_order
 FROM results r JOIN environments e USING (env_id)
 WHERE r.status = 'ok' AND r.median_us IS NOT NULL AND r.median_us > 0
 """
+# The clock regimes a row is timed in. "burst": on a cool GPU (each timing right after the last);
+# "sustained": after seconds of the step's own back-to-back load (the profile database's
+# `sustain_s`), where the H200 holds its power limit by lowering its SM clock and some kernels slow
+# with it. A burst table decides each key on burst rows only; a sustained one on the key's
+# sustained rows where it has any, else on its burst rows (a call too light to bring the clock
+# down times the same either way, and is not measured twice).
+REGIMES = ("burst", "sustained")
+REGIME_ENV = "DRAFTER_REGIME"
+# The load before each sustained timing, by default: on the H200 the SM clock settles at its
+# power-capped level within it (results/perf-notes.md, "The SM clock under the power limit").
+SUSTAIN_S = 0.75
 # JSON nesting deeper than this is not a tuned table (and would overflow the parser's stack).
 MAX_JSON_DEPTH = 64
 
@@ -326,6 +344,30 @@ def _canonical(value) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def row_regime(row: Mapping) -> str:
+    """The regime a result row was timed in (REGIMES)."""
+    return "sustained" if (row.get("sustain_s") or 0) > 0 else "burst"
+
+
+def check_regime(regime: str) -> str:
+    if regime not in REGIMES:
+        raise ValueError(f"regime {regime!r} is not one of {', '.join(REGIMES)}")
+    return regime
+
+
+def default_regime() -> str:
+    """$DRAFTER_REGIME when it names a regime, else "burst" (an unknown value warns once a
+    process: the runtime never fails a serving step over it)."""
+    value = os.environ.get(REGIME_ENV, "").strip()
+    if not value:
+        return "burst"
+    if value not in REGIMES:
+        warnings.warn(f"${REGIME_ENV}={value!r} is not one of {', '.join(REGIMES)}; using burst",
+                      RuntimeWarning, stacklevel=2)
+        return "burst"
+    return value
+
+
 def _age(row: dict) -> tuple:
     # Timestamps have millisecond resolution, so two rows of one sweep can tie: the later
     # insert (higher id) breaks the tie.
@@ -366,6 +408,7 @@ def _entry_of(ranked: list[dict]) -> dict:
                               "per_layer_us": r["per_layer_us"]}
                              for r in ranked[1:1 + MAX_ALTERNATIVES]],
             "provenance": {"kind": best.get("provenance") or "measured",
+                           "regime": row_regime(best), "sustain_s": best.get("sustain_s") or None,
                            "sweep": best.get("sweep_id"), "date": best.get("created_at"),
                            "gpu": best.get("gpu_name"), "driver": best.get("driver"),
                            "cuda": best.get("cuda"), "sources_hash": best.get("sources_hash"),
@@ -384,18 +427,21 @@ def candidate_of(row: dict) -> tuple:
     return (row["impl"], _canonical(row["params"]), row.get("provenance") or "measured")
 
 
-def group_rows(rows, *, include_predicted: bool = False,
-               where: str = "profile database") -> dict[tuple, list[dict]]:
+def group_rows(rows, *, include_predicted: bool = False, where: str = "profile database",
+               regime: str = "burst") -> dict[tuple, list[dict]]:
     """Result rows (dicts with at least the columns of `DB_ROWS_SQL`) by key (`row_key`), each
     key's candidates ranked by `rank_key`: the newest row of each candidate (`candidate_of`)
     counts, with its params parsed and its `per_layer_us`. Predicted rows are left out unless
     `include_predicted`. Rows of a reference-only backend (`registry.reference_only`, e.g.
     `reference-syncing`) are never candidates. `rank_rows` orders each key. Rows that cannot be read (params that are not
     JSON, a latency that is not a number) are left out with one warning. Keys come in sorted
-    order."""
+    order. `regime` (REGIMES): which timings compete; a sustained key without sustained rows
+    is decided on its burst rows."""
     from drafter_attn.kernels import registry
 
+    check_regime(regime)
     groups: dict[tuple, dict[tuple, dict]] = {}
+    fallback: dict[tuple, dict[tuple, dict]] = {}  # sustained: each key's burst rows
     skipped: list[tuple[str, str]] = []
     for i, raw in enumerate(rows):
         kind = raw.get("provenance") or "measured"
@@ -409,21 +455,29 @@ def group_rows(rows, *, include_predicted: bool = False,
         except (EntryError, KeyError) as exc:
             skipped.append((f"row {raw.get('row_order', i)}", str(exc)))
             continue
-        seen = groups.setdefault(key, {})
+        if row_regime(row) != regime:
+            if regime == "burst":
+                continue  # a sustained timing never decides a burst key
+            seen = fallback.setdefault(key, {})
+        else:
+            seen = groups.setdefault(key, {})
         cand = candidate_of(row)
         old = seen.get(cand)
         if old is None or _age(row) >= _age(old):
             seen[cand] = row
     warn_skipped(where, "rows", skipped, stacklevel=4)
+    for key, seen in fallback.items():
+        groups.setdefault(key, seen)
     return {key: rank_rows(list(groups[key].values()))
             for key in sorted(groups, key=lambda k: tuple(-1 if v is None else v for v in k))}
 
 
-def select_entries(rows, *, include_predicted: bool = False, where: str = "profile database") -> list[dict]:
-    """Winners per (SM, shape, batch, context) from result rows (`group_rows`), as tuned-table
-    entries: the best candidate with up to MAX_ALTERNATIVES runners-up."""
+def select_entries(rows, *, include_predicted: bool = False, where: str = "profile database",
+                   regime: str = "burst") -> list[dict]:
+    """Winners per (SM, shape, batch, context) from result rows (`group_rows`, in `regime`), as
+    tuned-table entries: the best candidate with up to MAX_ALTERNATIVES runners-up."""
     return [_entry_of(ranked) for ranked in
-            group_rows(rows, include_predicted=include_predicted, where=where).values()]
+            group_rows(rows, include_predicted=include_predicted, where=where, regime=regime).values()]
 
 
 def make_table(entries: list, source: dict | None = None, created_at: str | None = None,
@@ -550,7 +604,9 @@ def read_db_rows(path) -> list[dict]:
             raise TableError(f"{path} has profile schema version {meta.get('schema_version')}, but "
                              f"this runtime reads versions {', '.join(DB_READS_VERSIONS)}; export a tuned "
                              f"table with a matching tuner")
-        return [dict(r) for r in conn.execute(DB_ROWS_SQL)]
+        have = {r[1] for r in conn.execute("PRAGMA table_info(results)")}
+        sql = DB_ROWS_SQL if "sustain_s" in have else DB_ROWS_SQL.replace("r.sustain_s", "NULL AS sustain_s")
+        return [dict(r) for r in conn.execute(sql)]
     except sqlite3.Error as exc:
         raise TableError(f"{path} is not a readable profile database: {exc}") from exc
     finally:
@@ -642,9 +698,12 @@ def parse_entries(raw, where: str, *, env: Environment | None = None, gpu_classe
     return out
 
 
-def load_table(path, *, include_predicted: bool = False, env: Environment | None = None) -> tuple[list[Entry], str]:
+def load_table(path, *, include_predicted: bool = False, env: Environment | None = None,
+               regime: str = "burst") -> tuple[list[Entry], str]:
     """Typed entries of a tuned table (.json) or a profile database, and a text naming the
-    source. Raises TableError only for a missing, corrupt or foreign file."""
+    source. Raises TableError only for a missing, corrupt or foreign file. `regime`: which
+    timings of a profile database decide its keys (a tuned table was exported for one regime,
+    `source.regime`, and is read as it is)."""
     path = Path(path)
     try:
         with path.open("rb") as f:
@@ -652,8 +711,9 @@ def load_table(path, *, include_predicted: bool = False, env: Environment | None
     except OSError as exc:
         raise TableError(f"cannot read the tuned table {path}: {exc.strerror or exc}") from None
     if head.startswith(b"SQLite format 3\x00"):
-        source = f"profile database {path}"
-        raw = select_entries(read_db_rows(path), include_predicted=include_predicted, where=source)
+        source = f"profile database {path}" + (f" ({regime} regime)" if regime != "burst" else "")
+        raw = select_entries(read_db_rows(path), include_predicted=include_predicted, where=source,
+                             regime=regime)
         classes = {}
     else:
         source = f"tuned table {path}"

@@ -84,14 +84,15 @@ def table_jobs(specs, preset, pages, sm, shapes=()):
     from drafter_attn.bench.decode import load_dispatcher
 
     geom = get_preset(preset).with_(num_layers=1)
-    dispatcher = load_dispatcher(None, sm)[0] if at.AUTO in specs else None
     out = set()
     for spec in specs:
+        regime = at.auto_regime(spec)
+        dispatcher = None if regime is None else load_dispatcher(None, sm, regime)[0]
         for ps in (*pages, None):
             layout = "paged" if ps else "arena"
-            if spec != at.AUTO:
+            if regime is None:
                 out.add(_job(registry.from_spec(spec), Problem(geom, layout, ps, 1, 0), sm))
-            for b, c in shapes if spec == at.AUTO else ():
+            for b, c in shapes if regime is not None else ():
                 one = at.pick_spec(dispatcher, geom, layout, ps, b, c, sm)
                 out.add(_job(registry.from_spec(one), Problem(geom, layout, ps, b, c), sm))
     return out
@@ -152,6 +153,9 @@ def main(argv=None):
     ap.add_argument("--min-batch", type=int, metavar="N", help="with --refine")
     ap.add_argument("--min-ctx", type=parse_size, metavar="TOKENS", help="with --refine")
     ap.add_argument("--max-ctx", type=parse_size, metavar="TOKENS", help="with --refine")
+    ap.add_argument("--min-tokens", type=parse_size, metavar="TOKENS", help="with --refine")
+    ap.add_argument("--sustain", type=float, metavar="SECONDS", help="with --refine: accepted so that "
+                    "a refine's arguments pass as they are (the regime compiles nothing of its own)")
     ap.add_argument("--with-winners", action="store_true", help="with --refine: the winners and "
                     "their runners-up too (`tuner refine --with-winners` measures them all again, so "
                     "--db leaves none out)")
@@ -188,7 +192,8 @@ def main(argv=None):
         sets = parse_spec("cupy:" + ",".join(args.set))[1] if args.set else {}
         found = refine_candidates(args.refine, sets, tuple(args.where), max_batch=args.max_batch,
                                   with_winners=args.with_winners, min_batch=args.min_batch,
-                                  min_ctx=args.min_ctx, max_ctx=args.max_ctx, preset=args.preset)[0]
+                                  min_ctx=args.min_ctx, max_ctx=args.max_ctx, preset=args.preset,
+                                  min_tokens=args.min_tokens)[0]
         todo |= candidate_jobs(found, sm, None if args.with_winners else args.db)
     todo = sorted(j for j in todo if j is not None)
     with ProcessPoolExecutor(os.cpu_count()) as pool:

@@ -238,9 +238,9 @@ class _FakeDispatcher:
         self.fail = fail
 
     @classmethod
-    def load(cls, path, env=None):
+    def load(cls, path, env=None, regime="burst"):
         d = cls()
-        d.loaded, d.env = path, env
+        d.loaded, d.env, d.regime = path, env, regime
         return d
 
     def pick(self, problem, sm):
@@ -327,7 +327,7 @@ def _fake_context(wire, chunk, reps=0):
     return row
 
 
-def _fake_baseline(name, geometry, page, batch, ctx, reps=0):
+def _fake_baseline(name, geometry, page, batch, ctx, reps=0, sustain_s=0.0):
     return dict(status="ok", median_us=7.0, p10_us=6.5, p90_us=8.0, attention_median_us=7.0, read_floor_us=2.0)
 
 
@@ -527,6 +527,29 @@ def test_decode_with_context_chunk_and_prefill_faked(fake_bench, tmp_path, capsy
     assert row.kv_model_bytes == 1 * 32 * 64 * 20480 + 1 * 32 * 4  # 2048 rows in 64-token pages
 
 
+def test_decode_sustained_regime_times_and_records_sustained(fake_bench, monkeypatch, tmp_path):
+    """--regime sustained: every step and baseline is measured as a sustained candidate (its wire
+    carries the load) and recorded with it, so that a burst table never takes those rows."""
+    seen = []
+
+    def measure(wire, reps=0, nsys=False):
+        seen.append(wire["sustain_s"])
+        return _fake_decode(wire)
+
+    def base(name, geometry, page, batch, ctx, reps=0, sustain_s=0.0):
+        seen.append(sustain_s)
+        return _fake_baseline(name, geometry, page, batch, ctx)
+
+    monkeypatch.setattr(decode, "default_measures", lambda: (measure, _fake_context, base))
+    db = tmp_path / "p.db"
+    argv = ["decode", "--batch", "1", "--ctx", "1k", "--page", "64", "--regime", "sustained",
+            "--db", str(db), "--out", str(tmp_path / "out")]
+    assert cli.main(argv) == 0
+    assert len(seen) >= 3 and set(seen) == {0.75}  # paged, arena, and each baseline
+    with ProfileDB(db, readonly=True) as d:
+        assert {r["sustain_s"] for r in d.query("SELECT sustain_s FROM results")} == {0.75}
+
+
 def test_failed_measurement_exits_1(fake_bench, monkeypatch, tmp_path, capsys):
     def broken(wire, reps=0, nsys=False):
         if wire["problem"]["layout"] == "paged":
@@ -614,7 +637,7 @@ def test_decode_times_every_step_floor_before_any_measurement(monkeypatch, tmp_p
         events.append(("measure", wire["problem"]["batch"]))
         return _fake_decode(wire, reps, nsys)
 
-    def baseline(name, geometry, page, batch, ctx, reps=0):
+    def baseline(name, geometry, page, batch, ctx, reps=0, sustain_s=0.0):
         events.append(("baseline", batch))
         return _fake_baseline(name, geometry, page, batch, ctx, reps)
 

@@ -170,11 +170,35 @@ def test_with_winners_alone_measures_the_contenders_and_nothing_new(sweeps, tmp_
         cli.main(base + ["--with-winners", "--min-ctx", "lots"])
 
 
-def test_sustain_reaches_the_measurement_options(sweeps, tmp_path):
-    """`--sustain S` goes to every candidate's measurement (tuner.measure's sustain_s); without
-    it the options are a plain run's."""
+def test_sustain_makes_the_candidates_sustained(sweeps, tmp_path):
+    """`--sustain S` makes every candidate a sustained one (its own key, its wire carrying the
+    load tuner.measure times it after), each measured fresh; without it they are a burst's,
+    keyed as before."""
     base = ["refine", str(TABLE), "--with-winners", "--min-ctx", "128k", "--db", str(tmp_path / "r.db")]
     assert cli.main(base) == 0 and cli.main(base + ["--sustain", "0.75"]) == 0
-    assert [r["options"] for r in sweeps] == [dict(reps=0, nsys=False), dict(reps=0, nsys=False, sustain_s=0.75)]
+    burst, sustained = sweeps
+    assert burst["options"] == sustained["options"] == dict(reps=0, nsys=False)
+    assert {c.sustain_s for c in burst["candidates"]} == {0.0}
+    assert {c.sustain_s for c in sustained["candidates"]} == {0.75}
+    assert [c.sustained(0) for c in sustained["candidates"]] == burst["candidates"]
+    keys = {c.key() for c in sustained["candidates"]}
+    assert not keys & {c.key() for c in burst["candidates"]}
+    # the bursts are measured again side by side; the sustained keys have no older rows, and a
+    # second run of the same refine resumes them
+    assert burst["fresh"] == {c.key() for c in burst["candidates"]} and sustained["fresh"] == set()
+    assert all(c.to_wire()["sustain_s"] == 0.75 for c in sustained["candidates"])
+
+
+def test_min_tokens_keeps_the_heavy_keys(sweeps, tmp_path):
+    """--min-tokens keeps the winners of keys whose batch x context reaches it."""
+    base = ["refine", str(TABLE), "--with-winners", "--db", str(tmp_path / "r.db"), "--dry-run"]
+    assert cli.main(base + ["--min-tokens", "256k"]) == 0
+    from drafter_attn.tuner.refine import refine_candidates
+
+    found, _ = refine_candidates(TABLE, {}, with_winners=True, min_tokens=262144)
+    assert found and all(c.problem.batch * c.problem.ctx_len >= 262144 for c in found)
+    every, _ = refine_candidates(TABLE, {}, with_winners=True)
+    assert {c.key() for c in found} == {c.key() for c in every
+                                        if c.problem.batch * c.problem.ctx_len >= 262144}
     with pytest.raises(SystemExit):
         cli.main(base + ["--sustain", "-1"])

@@ -114,7 +114,7 @@ def test_foreign_schema_version_is_refused(tmp_path):
     c.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     c.commit()
     c.close()
-    with pytest.raises(SchemaError, match=r"schema version 99.*reads version 3"):
+    with pytest.raises(SchemaError, match=r"schema version 99.*reads version 4"):
         ProfileDB(path)
 
 
@@ -189,6 +189,9 @@ def test_candidate_key_depends_on_every_part():
     assert key != dbmod.candidate_key({"batch": 1}, 8, "cupy", {"tile_n": 64})
     assert key != dbmod.candidate_key({"batch": 1}, None, "other", {"tile_n": 64})
     assert key != dbmod.candidate_key({"batch": 1}, None, "cupy", {"tile_n": 32})
+    # a sustained timing is another candidate; a burst's key is the one older tuners wrote
+    assert key == dbmod.candidate_key(*base, 0.0) == dbmod.candidate_key(*base, None)
+    assert key != dbmod.candidate_key(*base, 0.75) != dbmod.candidate_key(*base, 0.5)
 
 
 def test_environment_id_and_software_versions():
@@ -223,15 +226,33 @@ def test_version_2_database_gains_the_clock_column(tmp_path):
     """A database written before timings recorded their SM clock opens as version 3: its rows
     kept, their clock NULL (not measured), and a new row's clock stored."""
     path = tmp_path / "v2.db"
-    eid = _older_database(path, 2, ("sm_clock_mhz",))
+    eid = _older_database(path, 2, ("sm_clock_mhz", "sustain_s"))
     with ProfileDB(path, readonly=True) as db:  # read as it is
         assert db.schema_version() == 2
     with ProfileDB(path) as db:
-        assert db.schema_version() == dbmod.SCHEMA_VERSION == 3
+        assert db.schema_version() == dbmod.SCHEMA_VERSION == 4
         db.add_result(dict(env_id=eid, candidate_key="d", problem_key={}, impl="cupy", params={},
                            status="ok", median_us=13.0, sm_clock_mhz=1590.0))
         rows = db.query("SELECT candidate_key, sm_clock_mhz FROM results ORDER BY id")
     assert rows == [{"candidate_key": "c", "sm_clock_mhz": None}, {"candidate_key": "d", "sm_clock_mhz": 1590.0}]
+
+
+def test_version_3_database_gains_the_regime_column(tmp_path):
+    """A database written before the sustained regime existed opens as version 4: its rows read
+    as bursts (sustain_s NULL), the runtime reads it before and after, and a sustained row is
+    stored with its load."""
+    from drafter_attn.kernels import tuned_table
+
+    path = tmp_path / "v3.db"
+    eid = _older_database(path, 3, ("sustain_s",))
+    rows = tuned_table.read_db_rows(path)  # the runtime reads version 3 as it is
+    assert len(rows) == 1 and rows[0]["sustain_s"] is None and tuned_table.row_regime(rows[0]) == "burst"
+    with ProfileDB(path) as db:
+        assert db.schema_version() == 4
+        db.add_result(dict(env_id=eid, candidate_key="d", problem_key={}, impl="cupy", params={},
+                           status="ok", median_us=13.0, sustain_s=0.75))
+    regimes = [tuned_table.row_regime(r) for r in tuned_table.read_db_rows(path)]
+    assert regimes == ["burst", "sustained"]
 
 
 def test_version_1_database_is_migrated_keeping_its_rows(tmp_path):
@@ -239,7 +260,7 @@ def test_version_1_database_is_migrated_keeping_its_rows(tmp_path):
     reads NULL (not measured) in the new columns; merging it into a new database works too."""
     path = tmp_path / "v1.db"
     eid = _older_database(path, 1, ("read_floor_us", "read_bandwidth_gbs", "read_roofline_fraction",
-                                    "graph_fixed_us", "sm_clock_mhz"))
+                                    "graph_fixed_us", "sm_clock_mhz", "sustain_s"))
     assert merge(tmp_path / "new.db", path)["results"] == 1
     with ProfileDB(path) as db:
         assert db.schema_version() == dbmod.SCHEMA_VERSION

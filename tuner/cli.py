@@ -2,7 +2,7 @@
 
     tuner sweep SPEC [--db PATH]          measure a sweep spec (a TOML file, or "default")
     tuner refine TABLE --set K=V [--where K] [--max-batch N] [--min-batch N] [--with-winners]
-                [--min-ctx N] [--max-ctx N] [--preset NAME]
+                [--min-ctx N] [--max-ctx N] [--min-tokens N] [--preset NAME] [--sustain S]
                                           a tuned table's winners again with parameters changed
     tuner show [filters] [--format F]     the database's results as a table, CSV or JSON
     tuner compile --sm 90,107 | all       static compile profiles (no GPU needed)
@@ -77,14 +77,14 @@ def cmd_sweep(args) -> int:
     from drafter_attn.tuner.sweep import SweepError, run_sweep
 
     spec = load_spec(args.spec)
-    candidates = spec.candidates()
+    candidates = [c.sustained(args.sustain) for c in spec.candidates()]
     if args.dry_run:
         return _list_candidates(candidates, spec.source)
     path = _db_path(args)
     where = "local GPUs" if args.ray is None else f"Ray cluster {args.ray or '(new, local)'}"
     print(f"sweep {spec.name!r}: {len(candidates)} candidates on {where} -> {path}", file=sys.stderr)
     common = dict(timeout_s=args.timeout or spec.timeout_s,
-                  options=dict(reps=spec.reps, nsys=spec.nsys, **_sustain(args)),
+                  options=dict(reps=spec.reps, nsys=spec.nsys),
                   retry_failed=args.retry_failed, progress=not args.no_progress, name=spec.name)
     if args.ray is not None:
         from drafter_attn.tuner.ray_sweep import run_ray_sweep
@@ -100,14 +100,11 @@ def cmd_sweep(args) -> int:
     return 0
 
 
-def _sustain(args) -> dict:
-    """The measurement option of --sustain (none when 0, so that a plain run's options are as before)."""
-    return dict(sustain_s=args.sustain) if args.sustain else {}
-
-
 SUSTAIN_HELP = ("replay each candidate's step back to back this long before each of its timings: "
                 "the clock state of a sustained load (the H200 lowers its SM clock to hold its power "
-                "limit, and some kernels slow with it); each row records its SM clock either way")
+                "limit, and some kernels slow with it). Such rows are the sustained regime's "
+                "candidates, apart from a burst's (`tuner export --regime sustained`), measured "
+                "once each: a second run resumes; each row records its SM clock either way")
 
 
 def cmd_refine(args) -> int:
@@ -130,17 +127,20 @@ def cmd_refine(args) -> int:
     candidates, skipped = refine_candidates(args.table, overrides, tuple(args.where), args.impl,
                                             args.max_batch, with_winners=args.with_winners,
                                             min_batch=args.min_batch, min_ctx=args.min_ctx,
-                                            max_ctx=args.max_ctx, preset=args.preset)
+                                            max_ctx=args.max_ctx, preset=args.preset,
+                                            min_tokens=args.min_tokens)
+    candidates = [c.sustained(args.sustain) for c in candidates]
     # --with-winners: every candidate (winner, runners-up, refined) measured in this sweep,
-    # whatever rows it had before
-    fresh = {c.key() for c in candidates} if args.with_winners else set()
+    # whatever rows it had before. Sustained candidates are keys of their own, measured once:
+    # a second run of the same refine resumes where the first stopped
+    fresh = {c.key() for c in candidates if not c.sustain_s} if args.with_winners else set()
     for line in skipped:
         print(f"not applicable: {line}", file=sys.stderr)
     if args.dry_run:
         return _list_candidates(candidates, args.table)
     path = _db_path(args)
     print(f"refine {args.table} with {overrides}: {len(candidates)} candidates -> {path}", file=sys.stderr)
-    out = run_sweep(candidates, path, timeout_s=args.timeout, options=dict(reps=0, nsys=False, **_sustain(args)),
+    out = run_sweep(candidates, path, timeout_s=args.timeout, options=dict(reps=0, nsys=False),
                     retry_failed=args.retry_failed, progress=not args.no_progress, name="refine",
                     fresh=fresh)
     print(f"sweep {out.sweep_id}: {out.summary()}", file=sys.stderr)
@@ -400,6 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only winners of keys at most this long")
     p.add_argument("--preset", metavar="NAME", help="only winners of this preset's keys "
                    "(e.g. qwen3-8b-dflash-b16)")
+    p.add_argument("--min-tokens", type=positive_size, metavar="TOKENS",
+                   help="only winners of keys whose batch x context is at least this (256k: the "
+                   "calls whose own load holds the H200 at its power limit, for --sustain)")
     p.add_argument("--with-winners", action="store_true",
                    help="measure each winner and the runners-up the table lists beside it again, "
                    "right before its refined candidate (that one again too where it has a row), so "

@@ -34,7 +34,7 @@ import uuid
 from pathlib import Path
 
 SCHEMA_NAME = "drafter-attn-profile"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 STATUSES = ("ok", "failed_compile", "failed_runtime", "failed_correctness", "failed_timeout",
             "unsupported", "failed_node_lost")
@@ -82,6 +82,9 @@ RESULT_COLUMNS = (
     ("preset", "TEXT"),
     *PROBLEM_COLUMNS,
     ("accepted", "REAL"),
+    # the regime of the timing: seconds of the step's own back-to-back load before each timing
+    # (`--sustain`; NULL: a burst on a cool GPU). Part of the candidate (schema 4)
+    ("sustain_s", "REAL"),
     ("impl", "TEXT NOT NULL"),
     ("params", "TEXT NOT NULL"),
     ("status", "TEXT NOT NULL CHECK (status IN (%s))" % ", ".join(f"'{s}'" for s in STATUSES)),
@@ -125,6 +128,8 @@ MIGRATIONS = {
     1: lambda conn: _rebuild_results(conn),
     # 3: the SM clock of a timing (a database rebuilt from version 1 above has it already)
     2: lambda conn: _add_column(conn, "results", "sm_clock_mhz", "REAL"),
+    # 4: the sustained regime of a timing (`sustain_s`; older rows are bursts)
+    3: lambda conn: _add_column(conn, "results", "sustain_s", "REAL"),
 }
 
 
@@ -172,10 +177,14 @@ def canonical_json(value) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-def candidate_key(problem_key: dict, accepted, impl: str, params: dict) -> str:
-    """What makes two measurements the same candidate (within one environment)."""
-    text = canonical_json([problem_key, None if accepted is None else float(accepted), impl, params])
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
+def candidate_key(problem_key: dict, accepted, impl: str, params: dict, sustain_s=None) -> str:
+    """What makes two measurements the same candidate (within one environment). A timing after
+    `sustain_s` seconds of load is another candidate than a burst's (whose key is as before the
+    regime existed, so burst rows of older tuners keep theirs)."""
+    parts = [problem_key, None if accepted is None else float(accepted), impl, params]
+    if sustain_s:
+        parts.append({"sustain_s": float(sustain_s)})
+    return hashlib.sha256(canonical_json(parts).encode()).hexdigest()[:24]
 
 
 def _repo_profiles_dir() -> Path | None:

@@ -92,23 +92,25 @@ def commit_for_sources(sources_hash: str | None, repo: Path = REPO, limit: int =
 
 
 def export_table(db_path, sms=None, *, include_predicted: bool = False, resolve_commits: bool = True,
-                 gpu_classes: dict | None = None, sources_hash: str | None = None) -> dict:
+                 gpu_classes: dict | None = None, sources_hash: str | None = None,
+                 regime: str = "burst") -> dict:
     """The tuned table of `db_path` (SMs `sms`, default all): winners with provenance. Rows
     that cannot be read are left out with a warning. `gpu_classes` ({class: [GPU names]})
     declares GPUs that may use each other's entries. `sources_hash`: only rows measured on
-    those kernel sources (e.g. today's, leaving out rows `tuner rekey` left stale)."""
+    those kernel sources (e.g. today's, leaving out rows `tuner rekey` left stale). `regime`
+    (kernels.tuned_table.REGIMES): which timings decide each key."""
     # read-only (immutable where the file's folder is), as the runtime reads it: exporting
     # never writes to the database, and works on an installed package's read-only profiles
     rows = [r for r in tuned_table.read_db_rows(db_path) if (not sms or r["sm"] in sms)
             and (sources_hash is None or r["sources_hash"] == sources_hash)]
     entries = tuned_table.select_entries(rows, include_predicted=include_predicted,
-                                         where=f"profile database {db_path}")
+                                         where=f"profile database {db_path}", regime=regime)
     if resolve_commits:
         for e in entries:
             e["provenance"]["commit"] = commit_for_sources(e["provenance"]["sources_hash"])
     source = {"generator": "tuner export", "db": str(Path(db_path).resolve()), "commit": head_commit(),
               "sms": sorted({e["sm"] for e in entries}), "requested_sms": list(sms) if sms else None,
-              "include_predicted": include_predicted, "sources_hash": sources_hash,
+              "include_predicted": include_predicted, "sources_hash": sources_hash, "regime": regime,
               "rows": len(rows), "entries": len(entries)}
     return tuned_table.make_table(entries, source, gpu_classes=gpu_classes)
 

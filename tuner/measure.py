@@ -90,11 +90,14 @@ def time_fn(fn, nbytes: int, reps: int = 0, eager: bool = False, sustain_s: floa
 
 def time_step(step, reps: int = 0, eager: bool = False, sustain_s: float = 0.0) -> dict:
     """The whole step (`time_fn`) and each half alone (attention, store), from graph replays
-    (eager calls with `eager`), each after `sustain_s` of back-to-back calls."""
+    (eager calls with `eager`); the step's and the attention's timings each after `sustain_s`
+    of back-to-back calls."""
     row, reps = time_fn(step.run, step.bytes_moved, reps, eager=eager, sustain_s=sustain_s)
     for name, fn in (("attention", step.attention_only), ("store", step.store_only)):
         timer = _timer(fn, eager)
-        t = timer(reps, cold_l2=row["l2_flushed"], sustain_s=sustain_s)
+        # the store alone moves a few hundred KB: its own load never brings the clock down, so
+        # it is not sustained (which would only cost the time)
+        t = timer(reps, cold_l2=row["l2_flushed"], sustain_s=sustain_s if name == "attention" else 0.0)
         del timer
         row.update({f"{name}_median_us": t.median_us, f"{name}_p10_us": t.p10_us,
                     f"{name}_p90_us": t.p90_us})
@@ -176,23 +179,22 @@ def _device_sm() -> int | None:
     return major * 10 + minor
 
 
-def measure_candidate(wire: dict, *, reps: int = 0, nsys: bool = False, sustain_s: float = 0.0,
-                      **step_options) -> dict:
+def measure_candidate(wire: dict, *, reps: int = 0, nsys: bool = False, **step_options) -> dict:
     """Measure `wire` (Candidate.to_wire()) on cuda:0 -> result columns. Never raises.
-    `step_options` go to the DecodeStep (`table_capacity`, `max_ctx_hint`); `sustain_s` to
-    `time_step`."""
+    `step_options` go to the DecodeStep (`table_capacity`, `max_ctx_hint`)."""
     from drafter_attn.tuner.step import DecodeStep
 
     return measure_step(wire, lambda c, backend: DecodeStep(c.problem, backend, c.params_dict,
                                                             accepted=c.accepted, **step_options),
-                        reps=reps, nsys=nsys, sustain_s=sustain_s)
+                        reps=reps, nsys=nsys)
 
 
 def measure_step(wire: dict, make_step, *, reps: int = 0, nsys: bool = False,
-                 nsys_note: str | None = None, sustain_s: float = 0.0) -> dict:
+                 nsys_note: str | None = None) -> dict:
     """The measurement of one step of `wire`, built by `make_step(candidate, backend)` (a
     DecodeStep or a subclass): supports() first, then check, latency, memory and syncs (with
     Nsight Systems when `nsys`; `nsys_note` replaces its layer's note where it is not run).
+    Each timing follows the candidate's `sustain_s` of back-to-back steps (its regime).
     Never raises: a failure becomes a status with its reason."""
     import torch
 
@@ -218,7 +220,7 @@ def measure_step(wire: dict, make_step, *, reps: int = 0, nsys: bool = False,
             row["rel_err"] = None
         else:
             row["rel_err"] = step.check()
-        row.update(time_step(step, reps, eager=bool(stalls), sustain_s=sustain_s))
+        row.update(time_step(step, reps, eager=bool(stalls), sustain_s=c.sustain_s))
         row.update(memory.measure_step_memory(step.run, step.kv_bytes).as_dict())
         # Otherwise the step was captured above, so the capture layer is known to pass.
         report = syncs.detect_syncs(step.run, graph=bool(stalls), nsys_candidate=wire if nsys else None)

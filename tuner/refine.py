@@ -40,7 +40,8 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
                       with_winners: bool = False,
                       min_batch: int | None = None, min_ctx: int | None = None,
                       max_ctx: int | None = None,
-                      preset: str | None = None) -> tuple[list[Candidate], list[str]]:
+                      preset: str | None = None,
+                      min_tokens: int | None = None) -> tuple[list[Candidate], list[str]]:
     """(candidates, skipped): every measured winner of `table` run by `impl` whose parameters
     named in `where` are all set (true, non-zero), and of at most `max_batch` and at least
     `min_batch` requests where given, with `overrides` applied over its own parameters;
@@ -50,7 +51,7 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
     ones one split, and there the knob changes nothing that runs; `min_batch` keeps one whose
     gain the split count bounds from below, `pair`, to the batches that split in two.)
     `min_ctx` / `max_ctx` keep the winners of keys within those context lengths, `preset` those
-    of one preset's geometry.
+    of one preset's geometry, `min_tokens` those of batch x context at least that.
     `with_winners`: each winner itself (as it was measured) and the entry's alternatives of
     `impl` right before its refined candidate (`tuner refine --with-winners` measures them all
     again); with no `overrides` the refined candidate is the winner itself, so that is a plain
@@ -73,6 +74,8 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
         if preset is not None and e.get("provenance", {}).get("preset") != preset:
             continue
         if (min_ctx is not None and e["ctx_len"] < min_ctx) or (max_ctx is not None and e["ctx_len"] > max_ctx):
+            continue
+        if min_tokens is not None and e["batch"] * e["ctx_len"] < min_tokens:
             continue
         problem, sm = problem_from_key(e), e["sm"]  # an entry holds its problem's key fields
         wanted = {k: v for k, v in e["params"].items() if k in known}

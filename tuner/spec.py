@@ -41,6 +41,7 @@ Specs that ship with the package (`tuner/specs/NAME.toml`) load by name: `load_s
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import sys
@@ -80,30 +81,40 @@ class Candidate:
     accepted: float | None = None  # mean rows stored per request; None = block size
     preset: str | None = None  # the spec's name of the geometry
     target: str | None = None  # the GPUs it is for: "sm90", a GPU class ("H200"); None: any
+    # the regime it is timed in: seconds of its own back-to-back load before each timing (0: a
+    # burst on a cool GPU; tuner.timing.sustain)
+    sustain_s: float = 0.0
 
     @property
     def params_dict(self) -> dict:
         return dict(self.params)
 
     def key(self) -> str:
-        return candidate_key(self.problem.key(), self.accepted, self.impl, self.params_dict)
+        return candidate_key(self.problem.key(), self.accepted, self.impl, self.params_dict, self.sustain_s)
 
     def label(self) -> str:
         p = self.problem
         layout = f"page{p.page_size}" if p.layout == "paged" else "arena"
         params = ",".join(f"{k}={v}" for k, v in self.params) or "-"
         where = f" @{self.target}" if self.target else ""
-        return f"{self.preset or 'custom'} {layout} B={p.batch} ctx={p.ctx_len} {self.impl}[{params}]{where}"
+        regime = f" sustained {self.sustain_s:g} s" if self.sustain_s else ""
+        return (f"{self.preset or 'custom'} {layout} B={p.batch} ctx={p.ctx_len} {self.impl}[{params}]"
+                f"{where}{regime}")
 
     def to_wire(self) -> dict:
         """Plain data (JSON-able) for a worker process."""
         return dict(problem=self.problem.key(), impl=self.impl, params=self.params_dict,
-                    accepted=self.accepted, preset=self.preset, target=self.target)
+                    accepted=self.accepted, preset=self.preset, target=self.target,
+                    sustain_s=self.sustain_s)
 
     @staticmethod
     def from_wire(d: dict) -> Candidate:
         return Candidate(problem_from_key(d["problem"]), d["impl"], tuple(sorted(d["params"].items())),
-                         d.get("accepted"), d.get("preset"), d.get("target"))
+                         d.get("accepted"), d.get("preset"), d.get("target"), d.get("sustain_s") or 0.0)
+
+    def sustained(self, seconds: float) -> Candidate:
+        """This candidate timed after `seconds` of its own load (0: in a burst)."""
+        return dataclasses.replace(self, sustain_s=float(seconds or 0.0))
 
 
 def target_sm(target: str | None) -> int | None:

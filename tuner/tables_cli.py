@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from drafter_attn.kernels import tuned_table
 from drafter_attn.tuner.cli_checks import OutputError, int_list, non_negative_float, writable_file
 from drafter_attn.tuner.db import SchemaError, default_path
 
@@ -78,7 +79,8 @@ def cmd_export(args) -> int:
     try:
         table = export_table(path, args.sm, include_predicted=args.include_predicted,
                              resolve_commits=not args.no_commits, gpu_classes=dict(args.gpu_class or []),
-                             sources_hash=_todays_sources() if args.current_sources else None)
+                             sources_hash=_todays_sources() if args.current_sources else None,
+                             regime=args.regime)
         out = writable_file(args.out)
     except (SchemaError, TableError, OutputError) as exc:
         return _fail("export", exc)
@@ -88,8 +90,12 @@ def cmd_export(args) -> int:
         return _fail("export", f"{path} holds no ok rows{want}; nothing to export")
     write_table(table, out)  # an OSError here (a full disk) is tuner's exit 2 with the file named
     kinds = sorted({e["provenance"]["kind"] for e in table["entries"]})
-    print(f"{n} tuned entries ({', '.join(kinds)}; sm {', '.join(map(str, table['source']['sms']))}) "
-          f"from {table['source']['rows']} rows of {path} -> {out}", file=sys.stderr)
+    regime = ""
+    if args.regime != "burst":
+        held = sum(e["provenance"]["regime"] == args.regime for e in table["entries"])
+        regime = f"; {held} of them timed {args.regime}, the rest burst"
+    print(f"{n} tuned entries ({', '.join(kinds)}; sm {', '.join(map(str, table['source']['sms']))}"
+          f"{regime}) from {table['source']['rows']} rows of {path} -> {out}", file=sys.stderr)
     return 0
 
 
@@ -296,6 +302,11 @@ def add_commands(sub, add_db) -> None:
     p.add_argument("--current-sources", action="store_true",
                    help="only rows measured on this checkout's kernel sources (leaves out rows "
                         "`tuner rekey` left stale)")
+    p.add_argument("--regime", choices=tuned_table.REGIMES, default="burst",
+                   help="the clock regime the table is for: burst (rows timed on a cool GPU; "
+                        "default), or sustained (each key decided on its rows timed after a "
+                        "sustained load, `--sustain`, where it has any, else on its burst rows); "
+                        "ship it as profiles/sm<SM>-sustained.json")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("rekey", help="carry rows across a kernel-source edit that left their machine code unchanged",

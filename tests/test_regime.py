@@ -1,0 +1,164 @@
+"""The clock regimes: sustained timings are candidates of their own, a burst table never sees
+them, a sustained table prefers them key by key, and the runtime and bench pick the regime's
+table (CPU only; the timings themselves run in tests/test_bench_gpu.py)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from drafter_attn.bench import attention_table, cli as bench_cli, decode
+from drafter_attn.kernels import shipped, tuned_table
+from drafter_attn.kernels.dispatch import Dispatcher, Runtime
+from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
+from drafter_attn.kernels.spec import Problem
+from drafter_attn.tuner import export
+from drafter_attn.tuner.cli import main as tuner_main
+from drafter_attn.tuner.db import ProfileDB
+from drafter_attn.tuner.spec import Candidate
+from drafter_attn.tuner.sweep import result_row
+
+from profile_fakes import H200, MAIN, build_db
+
+PAIR = {"tile_n": 32, "stages": 6}  # the fast one in bursts, slow once the clock drops
+TMA = {"tile_n": 64, "stages": 3}
+
+
+@pytest.fixture
+def db(tmp_path):
+    """Key B=8 ctx 32k: PAIR 240 against TMA 250 in bursts, 290 against 255 sustained. Key B=1
+    ctx 2k: bursts only (a call too light to bring the clock down)."""
+    path = tmp_path / "p.db"
+    heavy = dict(batch=8, ctx=32768)
+    light = dict(batch=1, ctx=2048)
+    build_db(path, {"h200": (H200, [
+        dict(heavy, params=PAIR, median_us=240.0), dict(heavy, params=TMA, median_us=250.0),
+        dict(heavy, params=PAIR, median_us=290.0, sustain_s=0.75),
+        dict(heavy, params=TMA, median_us=255.0, sustain_s=0.75),
+        dict(light, params=PAIR, median_us=10.0), dict(light, params=TMA, median_us=12.0)])})
+    return path
+
+
+def _winners(entries) -> dict:
+    return {(e["batch"], e["ctx_len"]): (e["params"], e["provenance"]["regime"]) for e in entries}
+
+
+def test_each_regime_decides_on_its_own_timings(db):
+    rows = tuned_table.read_db_rows(db)
+    burst = tuned_table.select_entries(rows)
+    assert _winners(burst) == {(1, 2048): (PAIR, "burst"), (8, 32768): (PAIR, "burst")}
+    # a burst key never ranks a sustained row, not even as a runner-up
+    heavy = next(e for e in burst if e["batch"] == 8)
+    assert heavy["candidates"] == 2 and heavy["median_us"] == 240.0
+    sustained = tuned_table.select_entries(rows, regime="sustained")
+    assert _winners(sustained) == {(1, 2048): (PAIR, "burst"), (8, 32768): (TMA, "sustained")}
+    heavy = next(e for e in sustained if e["batch"] == 8)
+    assert heavy["median_us"] == 255.0 and heavy["provenance"]["sustain_s"] == 0.75
+    assert [a["median_us"] for a in heavy["alternatives"]] == [290.0]  # sustained rows only
+    with pytest.raises(ValueError, match="regime 'hot'"):
+        tuned_table.select_entries(rows, regime="hot")
+
+
+def test_export_and_dispatch_per_regime(db, tmp_path, capsys):
+    out = tmp_path / "sm90-sustained.json"
+    assert tuner_main(["export", "--db", str(db), "--regime", "sustained", "--no-commits",
+                       "--out", str(out)]) == 0
+    assert "1 of them timed sustained, the rest burst" in capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    assert doc["source"]["regime"] == "sustained"
+    assert _winners(doc["entries"])[(8, 32768)] == (TMA, "sustained")
+    problem = Problem(MAIN.with_(num_layers=1), "paged", 64, 8, 32768)
+    picks = {name: dict(d.pick(problem, 90).params) for name, d in (
+        ("table", Dispatcher.load(out)), ("db sustained", Dispatcher.load(db, regime="sustained")),
+        ("db burst", Dispatcher.load(db)))}
+    assert picks == {"table": TMA, "db sustained": TMA, "db burst": PAIR}
+    burst = export.export_table(db, resolve_commits=False)
+    assert burst["source"]["regime"] == "burst" and _winners(burst["entries"])[(8, 32768)] == (PAIR, "burst")
+
+
+def test_sustained_candidates_are_recorded_with_their_load(tmp_path):
+    problem = Problem(get_preset(MAIN_PRESET), "paged", 64, 8, 32768)
+    burst = Candidate(problem, "cupy", tuple(sorted(PAIR.items())), None, MAIN_PRESET)
+    hot = burst.sustained(0.75)
+    assert hot.key() != burst.key() and hot.sustained(0) == burst
+    assert Candidate.from_wire(hot.to_wire()) == hot and Candidate.from_wire(burst.to_wire()) == burst
+    assert "sustained 0.75 s" in hot.label() and "sustained" not in burst.label()
+    with ProfileDB(tmp_path / "r.db") as d:
+        env = d.add_environment(H200)
+        for c in (burst, hot):
+            d.add_result(result_row(c, dict(status="ok", median_us=100.0), env, "s", "w"))
+        got = d.query("SELECT candidate_key, sustain_s FROM results ORDER BY id")
+        assert got == [{"candidate_key": burst.key(), "sustain_s": None},
+                       {"candidate_key": hot.key(), "sustain_s": 0.75}]
+        # a sweep of the sustained regime does not take a burst row for done, nor the reverse
+        assert d.done_candidates(env) == {burst.key(), hot.key()}
+
+
+def test_the_shipped_sustained_table_comes_first_in_its_regime(monkeypatch, tmp_path):
+    for var in shipped.ENV_VARS.values():
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(shipped, "shipped_dir", lambda: tmp_path)
+    for name in ("sm90.json", "sm90.db"):
+        (tmp_path / name).write_text("x")
+    assert shipped.find_default(90, regime="sustained") == tmp_path / "sm90.json"  # none shipped yet
+    (tmp_path / "sm90-sustained.json").write_text("x")
+    assert shipped.find_default(90, regime="sustained") == tmp_path / "sm90-sustained.json"
+    assert shipped.find_default(90) == tmp_path / "sm90.json"
+    assert shipped.find_default(90, ("db",), regime="sustained") == tmp_path / "sm90.db"
+
+
+def test_runtime_regime_from_argument_or_environment(monkeypatch, db):
+    monkeypatch.delenv(tuned_table.REGIME_ENV, raising=False)
+    # the fake rows' sources and versions are not this checkout's: compare nothing
+    monkeypatch.setattr(tuned_table, "current_environment", lambda: tuned_table.Environment())
+    problem = Problem(MAIN.with_(num_layers=1), "paged", 64, 8, 32768)
+    assert Runtime(str(db)).regime == "burst"
+    assert dict(Runtime(str(db), regime="sustained").dispatcher.pick(problem, 90).params) == TMA
+    monkeypatch.setenv(tuned_table.REGIME_ENV, "sustained")
+    rt = Runtime(str(db))
+    assert rt.regime == "sustained" and dict(rt.dispatcher.pick(problem, 90).params) == TMA
+    assert "sustained regime" in rt.dispatcher.pick(problem, 90).source
+    with pytest.raises(ValueError, match="regime 'warm'"):
+        Runtime(str(db), regime="warm")
+    monkeypatch.setenv(tuned_table.REGIME_ENV, "warm")  # never fails a serving process
+    with pytest.warns(RuntimeWarning, match="DRAFTER_REGIME='warm'"):
+        assert Runtime(str(db)).regime == "burst"
+
+
+def test_bench_regime_options(monkeypatch, db):
+    monkeypatch.delenv(tuned_table.REGIME_ENV, raising=False)
+    monkeypatch.setattr(tuned_table, "current_environment", lambda: tuned_table.Environment())
+    g = get_preset(MAIN_PRESET)
+
+    def plan(*argv):
+        args = bench_cli.build_parser().parse_args(["decode", "--batch", "8", "--ctx", "32k", *argv])
+        return bench_cli._measure_plan(args, g, MAIN_PRESET)
+
+    assert (plan().regime, plan().sustain_s) == ("burst", 0.0)
+    hot = plan("--regime", "sustained")
+    assert (hot.regime, hot.sustain_s) == ("sustained", tuned_table.SUSTAIN_S)
+    assert any("after 0.75 s" in n for n in hot.notes)
+    assert plan("--regime", "sustained", "--sustain", "2").sustain_s == 2.0
+    assert plan("--sustain", "0.5").regime == "burst"
+    monkeypatch.setenv(tuned_table.REGIME_ENV, "sustained")
+    assert plan().regime == "sustained"
+    with pytest.raises(SystemExit):
+        plan("--regime", "hot")
+    d, note = decode.load_dispatcher(str(db), sm=90, regime="sustained")
+    assert note.endswith("(sustained regime)")
+    assert dict(d.pick(Problem(g.with_(num_layers=1), "paged", 64, 8, 32768), 90).params) == TMA
+
+
+def test_attention_table_auto_items_name_their_regime(monkeypatch):
+    monkeypatch.delenv(tuned_table.REGIME_ENV, raising=False)
+    assert attention_table.auto_regime("auto") == "burst"
+    assert attention_table.auto_regime("auto:sustained") == "sustained"
+    assert attention_table.auto_regime("cupy:ws=3") is None
+    with pytest.raises(SystemExit, match="one of burst, sustained"):
+        attention_table.auto_regime("auto:hot")
+    monkeypatch.setenv(tuned_table.REGIME_ENV, "sustained")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert attention_table.auto_regime("auto") == "sustained"
