@@ -202,6 +202,9 @@ def test_attention_table_small(tmp_path):
         with ProfileDB(db, create=False) as pdb:
             clocks = [r["sm_clock_mhz"] for r in pdb.query("SELECT sm_clock_mhz FROM results WHERE status = 'ok'")]
         assert clocks and all(c > 100 for c in clocks)
+    # every kernel row is a sustained candidate, recorded with its load (never a burst's row)
+    with ProfileDB(db, create=False) as pdb:
+        assert {r["sustain_s"] for r in pdb.query("SELECT sustain_s FROM results")} == {0.05}
 
 
 def test_attention_table_auto_runs_the_runtime_pick(tmp_path):
@@ -211,16 +214,16 @@ def test_attention_table_auto_runs_the_runtime_pick(tmp_path):
 
     out = tmp_path / "t"
     rc = attention_table.main(["--preset", MAIN_PRESET, "--shapes", "1x2k,8x1k", "--page", "64",
-                               "--impl", "auto", "--baseline", "none", "--reps", "5",
+                               "--impl", "auto;auto:sustained", "--baseline", "none", "--reps", "5",
                                "--db", str(tmp_path / "p.db"), "--out", str(out)])
     assert rc == 0
     df = pd.read_csv(out / "attention.csv")
-    assert len(df) == 4 and (df.impl == "auto").all() and (df.status == "ok").all()
+    assert len(df) == 8 and set(df.impl) == {"auto", "auto:sustained"} and (df.status == "ok").all()
     assert (df.rel_err < 2e-2).all() and (df.attn_us > 0).all()
     major, minor = torch.cuda.get_device_capability(0)
-    dispatcher, _ = decode.load_dispatcher(None, major * 10 + minor)
     geometry = get_preset(MAIN_PRESET)
-    for r in df.itertuples():
+    for r in df.itertuples():  # each row runs its regime's pick (auto: the default, burst)
+        dispatcher, _ = decode.load_dispatcher(None, major * 10 + minor, attention_table.auto_regime(r.impl))
         page = int(r.page) or None
         assert r.pick == attention_table.pick_spec(dispatcher, geometry, r.layout, page, r.batch, r.ctx,
                                                    major * 10 + minor)
