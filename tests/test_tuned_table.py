@@ -251,6 +251,31 @@ def test_shipped_sm90_table_is_the_export_of_its_database_for_todays_sources():
         "scripts/sm90_profile.sh measures the rest; then export (profiles/README.md)")
 
 
+def test_shipped_sustained_table_is_the_sustained_export_of_its_database():
+    """profiles/sm90-sustained.json is `tuner export --regime sustained` of profiles/sm90.db:
+    the keys measured under a sustained load decided on those rows, every other key as the
+    burst table has it."""
+    from drafter_attn.kernels import nvrtc
+
+    folder = shipped.shipped_dir()
+    path = folder / "sm90-sustained.json"
+    if not path.is_file():
+        pytest.skip("no sustained table shipped")
+    table = json.loads(path.read_text())
+    assert table["source"]["regime"] == "sustained"
+    fresh = export.export_table(folder / "sm90.db", [90], resolve_commits=False,
+                                sources_hash=nvrtc.sources_digest(), regime="sustained")
+    d = export.diff_tables(table, fresh, threshold=0.0)
+    assert (d["flips"], d["slowdowns"], d["speedups"], d["only_a"], d["only_b"]) == ([],) * 5
+    burst = {tuple(e[f] for f in (*tuned_table.SHAPE_FIELDS, "batch", "ctx_len")): e
+             for e in json.loads((folder / "sm90.json").read_text())["entries"]}
+    regimes = {e["provenance"]["regime"] for e in table["entries"]}
+    assert regimes == {"burst", "sustained"}
+    for e in table["entries"]:
+        if e["provenance"]["regime"] == "burst":  # not measured sustained: the burst winner
+            assert e["params"] == burst[tuple(e[f] for f in (*tuned_table.SHAPE_FIELDS, "batch", "ctx_len"))]["params"]
+
+
 def test_environment_overrides_the_shipped_profiles(monkeypatch, tmp_path):
     monkeypatch.delenv("DRAFTER_TUNED_TABLE", raising=False)
     monkeypatch.setenv("DRAFTER_DB", str(tmp_path / "mine.db"))
