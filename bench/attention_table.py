@@ -45,6 +45,7 @@ from pathlib import Path
 import pandas as pd
 
 from drafter_attn.bench.options import sizes
+from drafter_attn.bench.output import markdown_table
 from drafter_attn.tuner.cli_checks import non_negative_float
 from drafter_attn.tuner.sizes import parse_size
 from drafter_attn.kernels import baselines, registry
@@ -379,7 +380,7 @@ def main(argv=None) -> int:
             "SM clock while the step was timed"
             + (f", each timing after {args.sustain:g} s of back-to-back replays" if args.sustain else "")
             + ".\n\n"
-            + table.to_markdown(index=False, floatfmt=".4g") + "\n")
+            + markdown_table(table) + "\n")
     if args.rounds > 1:
         summary = rounds_summary(df)
         if "pick" in summary and (summary.pick == summary.impl).all():
@@ -392,7 +393,7 @@ def main(argv=None) -> int:
                 f"# {args.preset}: {args.rounds} interleaved rounds per point, {meta['gpu_name']}, "
                 f"{meta['date']}\n\n`{meta['command']}`\n\nattn_us: median over rounds; "
                 "over_arena: median (min, max) of the per-round paged / arena ratios.\n\n"
-                + summary.to_markdown(index=False, floatfmt=".4g") + "\n")
+                + markdown_table(summary) + "\n")
     return 0
 
 

@@ -40,6 +40,26 @@ INT_COLUMNS = ("chunk", "page_size", "table_capacity", "batch", "ctx", "layers",
                "peak_bytes")
 
 
+def _cell(x) -> str:
+    if x is None or (isinstance(x, float) and x != x) or x is pd.NA:
+        return ""
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    return str(x)
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    """A GitHub markdown table, floats to 4 significant digits (pandas' to_markdown needs
+    tabulate, which is not a dependency)."""
+    if df.empty:
+        return "(none)"
+    head = [str(c) for c in df.columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for row in df.itertuples(index=False):
+        lines.append("| " + " | ".join(_cell(x) for x in row) + " |")
+    return "\n".join(lines)
+
+
 def frame(rows: list[dict]) -> pd.DataFrame:
     """The rows as a table, known columns first; integer columns stay integers beside blanks."""
     df = pd.DataFrame(rows)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from drafter_attn.bench.options import BenchError
-from drafter_attn.bench.output import BASELINE_DASH, ctx_axis, save_figure
+from drafter_attn.bench.output import BASELINE_DASH, ctx_axis, markdown_table, save_figure
 from drafter_attn.kernels import baselines, tuned_table
 from drafter_attn.tuner.cli_checks import write_whole
 
@@ -171,25 +171,6 @@ def plot_group(g: pd.DataFrame, path: Path, title: str) -> None:
     save_figure(fig, path, title)
 
 
-def _cell(x) -> str:
-    if x is None or (isinstance(x, float) and x != x) or x is pd.NA:
-        return ""
-    if isinstance(x, float):
-        return f"{x:.4g}"
-    return str(x)
-
-
-def _md_table(df: pd.DataFrame) -> str:
-    """A GitHub markdown table (pandas' to_markdown needs tabulate, which is not a dependency)."""
-    if df.empty:
-        return "(none)"
-    head = [str(c) for c in df.columns]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    for row in df.itertuples(index=False):
-        lines.append("| " + " | ".join(_cell(x) for x in row) + " |")
-    return "\n".join(lines)
-
-
 SYNC_COLUMNS = {"syncs_debug": "debug", "syncs_profiler": "profiler", "syncs_nsys": "nsys",
                 "sync_host_us": "blocked us (profiler)", "sync_host_us_nsys": "blocked us (nsys)"}
 
@@ -251,18 +232,18 @@ def build(df: pd.DataFrame, out: Path, db_path) -> tuple[Path, list[Path]]:
             s["within 1%"] = [f"{within[(a, b, c)]:.0%}" for a, b, c in zip(s["step"], s["impl"], s["page_size"])]
             s["page_size"] = s["page_size"].astype(int)
             s = s.rename(columns={"median": "median overhead %", "min": "min %", "max": "max %"})
-            lines += ["Paged over arena (percent of the arena step's median latency):", "", _md_table(s), ""]
+            lines += ["Paged over arena (percent of the arena step's median latency):", "", markdown_table(s), ""]
         t = g.copy()
         t["series"] = [_series(r) for _, r in t.iterrows()]
         wide = (t.pivot_table(index=["step", "batch", "ctx_len"], columns="series", values="median_us", aggfunc="last")
                 .reset_index())
         wide.columns.name = None
-        lines += ["Median latency (us):", "", _md_table(wide), ""]
+        lines += ["Median latency (us):", "", markdown_table(wide), ""]
         syncs = sync_table(g)
         if not syncs.empty:
             lines += ["Host syncs per step, every layer that ran (debug: torch sync-debug mode, profiler: "
                       "torch profiler, nsys: Nsight Systems; blocked: host time inside the blocking calls):",
-                      "", _md_table(syncs), ""]
+                      "", markdown_table(syncs), ""]
     path = write_whole(out / "report.md", lambda tmp: tmp.write_text("\n".join(lines)))
     return path, plots
 

@@ -19,3 +19,5 @@ for run in "sustained --sustain ${SUSTAIN:-0.75} --rounds ${ROUNDS:-2}" "burst -
   echo "$name: exit $?"
   tail -n 25 "$OUT/$name/table.log"
 done
+# a device run returns at most 8 files: the tables' folders as one archive
+tar czf "$OUT/regimes.tgz" -C "$OUT" sustained burst && rm -rf "$OUT/sustained" "$OUT/burst"
