@@ -213,8 +213,9 @@ def plan(command: str, geometry, label: str, preset: str | None, *, pages, batch
              regime, (SUSTAIN_S if regime == "sustained" else 0.0) if sustain_s is None else float(sustain_s))
     p.notes.extend(notes)
     if p.sustain_s:
-        p.notes.append(f"each timing after {p.sustain_s:g} s of its step's own back-to-back load "
-                       f"({regime} regime)")
+        p.notes.append(f"each timing after {p.sustain_s:g} s of its step's own back-to-back load")
+    if regime != "burst":
+        p.notes.append(f"auto picks from the {regime} regime's table")
     from drafter_attn.kernels import registry
 
     for impl in impls:

@@ -149,7 +149,8 @@ def test_bench_regime_options(monkeypatch, db):
     assert (plan().regime, plan().sustain_s) == ("burst", 0.0)
     hot = plan("--regime", "sustained")
     assert (hot.regime, hot.sustain_s) == ("sustained", tuned_table.SUSTAIN_S)
-    assert any("after 0.75 s" in n for n in hot.notes)
+    assert any("after 0.75 s" in n for n in hot.notes) and any("sustained regime's table" in n for n in hot.notes)
+    assert not any("regime" in n for n in plan("--sustain", "0.5").notes)
     assert plan("--regime", "sustained", "--sustain", "2").sustain_s == 2.0
     assert plan("--sustain", "0.5").regime == "burst"
     monkeypatch.setenv(tuned_table.REGIME_ENV, "sustained")
