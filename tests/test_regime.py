@@ -88,6 +88,13 @@ def test_export_and_dispatch_per_regime(db, tmp_path, capsys):
     assert burst["source"]["regime"] == "burst" and _winners(burst["entries"])[(8, 32768)] == (PAIR, "burst")
 
 
+def test_show_names_the_sustained_rows(db, capsys):
+    """`tuner show` gives the regime and clock columns where the database holds sustained rows."""
+    assert tuner_main(["show", "--db", str(db), "--ctx-len", "32768"]) == 0
+    header = capsys.readouterr().out.splitlines()
+    assert any("sustain_s" in line and "sm_clock_mhz" in line for line in header)
+
+
 def test_sustained_candidates_are_recorded_with_their_load(tmp_path):
     problem = Problem(get_preset(MAIN_PRESET), "paged", 64, 8, 32768)
     burst = Candidate(problem, "cupy", tuple(sorted(PAIR.items())), None, MAIN_PRESET)

@@ -251,6 +251,10 @@ def cmd_show(args) -> int:
         # every layer side by side where Nsight Systems measured
         at = columns.index("syncs") + 1
         columns = columns[:at] + [c for c in SYNC_COLUMNS if c in df] + columns[at:]
+    if columns and "sustain_s" in df and df["sustain_s"].notna().any():
+        # a sustained row is another regime's timing: say which rows are, and at what clock
+        at = columns.index("p90_us") + 1
+        columns = columns[:at] + ["sustain_s", "sm_clock_mhz"] + columns[at:]
     print_frame(df, args.format, columns, f"{len(df)} results in {path}")
     return 0
 
