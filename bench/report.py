@@ -45,7 +45,9 @@ def load(db_path, sm: int | None = None, preset: str | None = None) -> pd.DataFr
             rows = db.query(sql, args)
     except SchemaError as exc:  # missing, foreign, empty or corrupt: nothing is written
         raise BenchError(f"bench report: {exc}") from None
-    df = pd.DataFrame(rows)
+    # the report compares burst timings: rows timed after a sustained load (`--sustain`,
+    # another clock regime) would stand beside them as if the kernel had slowed
+    df = pd.DataFrame([r for r in rows if not r.get("sustain_s")])
     if df.empty:
         where = f" for SM {sm}" if sm is not None else ""
         raise BenchError(f"bench report: no measured (ok) results{where} in {db_path}; run "

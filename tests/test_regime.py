@@ -21,7 +21,7 @@ from drafter_attn.tuner.db import ProfileDB
 from drafter_attn.tuner.spec import Candidate
 from drafter_attn.tuner.sweep import result_row
 
-from profile_fakes import H200, MAIN, build_db
+from profile_fakes import H200, MAIN, build_db, row
 
 PAIR = {"tile_n": 32, "stages": 6}  # the fast one in bursts, slow once the clock drops
 TMA = {"tile_n": 64, "stages": 3}
@@ -193,3 +193,23 @@ def test_markdown_tables_need_no_tabulate():
     assert text.splitlines() == ["| impl | attn_us |", "|---|---|", "| auto | 261.9 |", "| auto:sustained |  |"]
     assert markdown_table(pd.DataFrame()) == "(none)"
     assert "to_markdown" not in Path(attention_table.__file__).read_text()
+
+
+def test_predictions_and_the_report_take_bursts_only(db, capsys):
+    """`tuner predict` projects burst rows only (a projected sustained timing would land on the
+    target as a burst's number), and `bench report` compares burst timings."""
+    from drafter_attn.bench import report
+
+    with ProfileDB(db) as d:  # predict needs the bytes each row moved
+        d.conn.execute("UPDATE results SET bytes_moved = batch * ctx_len * 20480")
+    assert tuner_main(["predict", "--db", str(db), "--sm", "103", "--from", "90"]) == 0
+    assert "6 predicted rows written from sm90" in capsys.readouterr().err  # of 10 rows, 4 sustained
+    with ProfileDB(db, readonly=True) as d:
+        got = d.query("SELECT batch, ctx_len, median_us FROM results WHERE provenance = 'predicted'")
+    assert len(got) == 6 and all(r["median_us"] < 250.0 for r in got)  # no projection of 255-290
+    with ProfileDB(db) as d:  # a key timed sustained only: no burst row stands for it
+        env = d.query("SELECT env_id FROM environments")[0]["env_id"]
+        d.add_result(row(env, batch=2, ctx=4096, params=TMA, median_us=50.0, sustain_s=0.75))
+    df = report.load(db, sm=90)
+    assert sorted(zip(df.batch, df.ctx_len, df.median_us)) == [(1, 2048, 10.0), (8, 16384, 120.0),
+                                                              (8, 32768, 240.0)]

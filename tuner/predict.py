@@ -217,7 +217,9 @@ def _source_rows(source: ProfileDB, target: GPU, from_sm: int | None, summary: d
         if from_sm is None:
             raise DatasheetError(f"{source.path} holds no measured rows to project from")
     summary["from_sm"] = from_sm
-    rows = source.query(_SOURCE_SQL, (from_sm,))
+    # burst timings only: a bandwidth projection of a power-capped timing would be a burst row
+    # on the target with another regime's number
+    rows = [r for r in source.query(_SOURCE_SQL, (from_sm,)) if not r.get("sustain_s")]
     if not rows:
         raise DatasheetError(f"{source.path} holds no measured ok rows of sm{from_sm} (measured: "
                              f"{', '.join(f'sm{s}' for s in sms) or 'none'})")
