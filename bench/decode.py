@@ -208,9 +208,11 @@ def plan(command: str, geometry, label: str, preset: str | None, *, pages, batch
         raise BenchError("nothing to measure: no decode step and no context chunk")
     names, notes = baselines_wanted(baseline, geometry) if decode else ([], [])
     hint_option, variants = table_variants(list(table_capacities), max_ctx_hint)
+    if sustain_s is None:
+        sustain_s = SUSTAIN_S if regime == "sustained" else 0.0
     p = Plan(command, geometry, label, preset, list(pages), list(batches), list(ctxs), impls, steps,
              accepted, rows, names, reps, nsys, concurrency, max_ctx, list(table_capacities), hint_option,
-             regime, (SUSTAIN_S if regime == "sustained" else 0.0) if sustain_s is None else float(sustain_s))
+             regime, float(sustain_s))
     p.notes.extend(notes)
     if p.sustain_s:
         p.notes.append(f"each timing after {p.sustain_s:g} s of its step's own back-to-back load")

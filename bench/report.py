@@ -47,7 +47,7 @@ def load(db_path, sm: int | None = None, preset: str | None = None) -> pd.DataFr
         raise BenchError(f"bench report: {exc}") from None
     # the report compares burst timings: rows timed after a sustained load (`--sustain`,
     # another clock regime) would stand beside them as if the kernel had slowed
-    df = pd.DataFrame([r for r in rows if not r.get("sustain_s")])
+    df = pd.DataFrame([r for r in rows if tuned_table.row_regime(r) == "burst"])
     if df.empty:
         where = f" for SM {sm}" if sm is not None else ""
         raise BenchError(f"bench report: no measured (ok) results{where} in {db_path}; run "

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from drafter_attn.kernels import tuned_table
 from drafter_attn.tuner.db import ProfileDB, SchemaError, db_errors
 from drafter_attn.tuner.env import env_id
 
@@ -219,7 +220,7 @@ def _source_rows(source: ProfileDB, target: GPU, from_sm: int | None, summary: d
     summary["from_sm"] = from_sm
     # burst timings only: a bandwidth projection of a power-capped timing would be a burst row
     # on the target with another regime's number
-    rows = [r for r in source.query(_SOURCE_SQL, (from_sm,)) if not r.get("sustain_s")]
+    rows = [r for r in source.query(_SOURCE_SQL, (from_sm,)) if tuned_table.row_regime(r) == "burst"]
     if not rows:
         raise DatasheetError(f"{source.path} holds no measured ok rows of sm{from_sm} (measured: "
                              f"{', '.join(f'sm{s}' for s in sms) or 'none'})")
