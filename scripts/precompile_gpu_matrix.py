@@ -15,6 +15,8 @@ tables do not compile one module after another (CuTe modules take 15-30 s each).
         [--max-batch N] [--min-batch N] [--with-winners] --no-tests [--db DB]
                                                                # what `tuner refine` measures
                                                                # (into DB: what it still measures)
+    python scripts/precompile_gpu_matrix.py --shipped --no-tests
+                                                               # tests/test_shipped_picks_gpu.py's picks
 """
 import argparse
 import os
@@ -134,6 +136,16 @@ def sweep_jobs(paths, sm, db=None):
     return candidate_jobs([c for path in paths for c in load_spec(path).candidates()], sm, db)
 
 
+def shipped_jobs(sm):
+    """The variants tests/test_shipped_picks_gpu.py runs: each distinct pick of the shipped tables
+    for `sm` (its parameters are pinned, so its key's batch and context change no define)."""
+    from tests import test_shipped_picks_gpu as shipped
+
+    return {_job(registry.from_spec(shipped._spec(e)),
+                 Problem(shipped._geometry(e), e["layout"], e["page_size"], e["batch"], e["ctx_len"]), sm)
+            for e in shipped.PICKS if e["sm"] == sm}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("specs", nargs="*", help="backend specs of the test matrix (default: its BACKENDS)")
@@ -162,6 +174,8 @@ def main(argv=None):
     ap.add_argument("--calls", nargs="+", default=[], metavar="SPEC B CTX PAGE",
                     help="also the attention variant of each paged call of the main preset (the "
                     "diag scripts' case lists: SPEC B CTX PAGE, repeated)")
+    ap.add_argument("--shipped", action="store_true", help="also every pick of the shipped tuned "
+                    "tables (tests/test_shipped_picks_gpu.py)")
     ap.add_argument("--db", help="with --sweep or --refine: leave out the candidates this profile "
                     "database holds")
     ap.add_argument("--sm", type=int, help="target (default: this machine's GPU; no GPU needed if given)")
@@ -179,6 +193,8 @@ def main(argv=None):
         todo |= table_jobs(args.table.split(";"), args.preset or MAIN_PRESET, [int(p) for p in args.page.split(",")], sm,
                            shapes(args.shapes))
     todo |= sweep_jobs(args.sweep, sm, args.db)
+    if args.shipped:
+        todo |= shipped_jobs(sm)
     if len(args.calls) % 4:
         ap.error("--calls takes SPEC B CTX PAGE groups of four")
     for i in range(0, len(args.calls), 4):
