@@ -136,6 +136,30 @@ def test_a_timing_records_the_sm_clock_sampled_while_it_runs(monkeypatch):
     assert t.sm_mhz is None and t.median_us == 500.0
 
 
+def test_work_between_replays_runs_outside_the_events(monkeypatch):
+    """`_each_timed(between=...)`: the other work runs once before each replay, after the
+    previous replay's end event and before the next start event, so it is never timed."""
+    from drafter_attn.tuner import timing
+
+    monkeypatch.setattr(timing.torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(timing.time, "sleep", lambda s: None)
+    monkeypatch.setattr(timing, "sm_clock_mhz", lambda: None)
+    _FakeEvent.clock, _FakeEvent.polls = 0.0, 0
+    order = []
+    record = _FakeEvent.record
+
+    def traced_record(self):
+        order.append("event")
+        record(self)
+
+    monkeypatch.setattr(_FakeEvent, "record", traced_record)
+    t = timing._each_timed(lambda: order.append("call"), reps=3, cold_l2=False,
+                           between=lambda: order.append("load"))
+    assert order == ["load", "event", "call", "event"] * 3
+    assert t.count == 3 and t.median_us == 500.0
+
+
 def test_sustain_calls_back_to_back_for_the_time_asked(monkeypatch):
     from drafter_attn.tuner import timing
 

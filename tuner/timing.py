@@ -163,14 +163,18 @@ def time_eager(fn, reps: int = 100, warmup: int = 3, cold_l2: bool = True,
     return _each_timed(fn, reps, cold_l2)
 
 
-def _each_timed(call, reps: int, cold_l2: bool) -> Timing:
+def _each_timed(call, reps: int, cold_l2: bool, between=None) -> Timing:
     """`call()` `reps` times, each alone between two CUDA events (the L2 evicted before each when
-    `cold_l2`); one synchronisation at the end, the SM clock sampled while waiting for it."""
+    `cold_l2`); one synchronisation at the end, the SM clock sampled while waiting for it.
+    `between()`, where given, runs before each replay's flush, outside the events: other work
+    the GPU does between two calls (scripts/diag_coload.py: a target model's load)."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     clocks: list[float] = []
     _sample_clock(clocks)
     for start, end in zip(starts, ends):
+        if between is not None:
+            between()
         if cold_l2:
             flush_l2()
         start.record()
