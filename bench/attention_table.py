@@ -48,7 +48,7 @@ from drafter_attn.bench.options import sizes
 from drafter_attn.bench.output import markdown_table
 from drafter_attn.tuner.cli_checks import non_negative_float
 from drafter_attn.tuner.sizes import parse_size
-from drafter_attn.kernels import baselines, registry
+from drafter_attn.kernels import baselines, registry, tuned_table
 from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
 from drafter_attn.kernels.spec import Problem
 
@@ -92,16 +92,18 @@ def pick_spec(dispatcher, geometry, layout: str, page: int | None, batch: int, c
 
 
 def measure_kernel(spec: str, geometry, layout: str, page: int | None, batch: int, ctx: int, *,
-                   reps: int, preset: str, record, label: str | None = None, sustain_s: float = 0.0) -> dict:
+                   reps: int, preset: str, record, label: str | None = None, sustain_s: float = 0.0,
+                   sustain_load: str = "") -> dict:
     """One kernel point: a one-layer step through tuner.measure, recorded; its attention half
     beside the read floor of the attention's bytes. The row's impl is `label` (default `spec`),
-    its pick `spec`; each timing after `sustain_s` of back-to-back replays."""
+    its pick `spec`; each timing after `sustain_s` of back-to-back replays, or of
+    `sustain_load`'s co-runner."""
     import torch
 
     from drafter_attn.tuner import floors, roofline
     from drafter_attn.tuner.measure import measure_candidate
 
-    cand = _candidate(spec, geometry, layout, page, batch, ctx, preset).sustained(sustain_s)
+    cand = _candidate(spec, geometry, layout, page, batch, ctx, preset).sustained(sustain_s, sustain_load)
     result = measure_candidate(cand.to_wire(), reps=reps)
     record(cand, result)
     row = dict(impl=label or spec, pick=spec, layout=layout, page=page or 0, batch=batch, ctx=ctx,
@@ -119,13 +121,14 @@ def measure_kernel(spec: str, geometry, layout: str, page: int | None, batch: in
 
 
 def measure_base(name: str, geometry, page: int, batch: int, ctx: int, *, reps: int, preset: str,
-                 seed: int, record, sustain_s: float = 0.0) -> dict:
+                 seed: int, record, sustain_s: float = 0.0, sustain_load: str = "") -> dict:
     from drafter_attn.tuner.measure import measure_baseline
     from drafter_attn.tuner.spec import Candidate
 
-    result = measure_baseline(name, geometry, page, batch, ctx, reps=reps, seed=seed, sustain_s=sustain_s)
-    cand = Candidate(Problem(geometry.with_(num_layers=1), "paged", page, batch, ctx), name, (), None, preset,
-                     sustain_s=sustain_s)
+    result = measure_baseline(name, geometry, page, batch, ctx, reps=reps, seed=seed, sustain_s=sustain_s,
+                              sustain_load=sustain_load)
+    cand = Candidate(Problem(geometry.with_(num_layers=1), "paged", page, batch, ctx), name, (), None,
+                     preset).sustained(sustain_s, sustain_load)
     record(cand, result)
     row = dict(impl=name, pick=name, layout="paged", page=page, batch=batch, ctx=ctx,
                status=result["status"], reason=result.get("reason"), sm_mhz=result.get("sm_clock_mhz"))
@@ -238,10 +241,17 @@ def parse_args(argv):
     ap.add_argument("--sustain", type=non_negative_float, default=0.0, metavar="SECONDS",
                     help="replay each point's step back to back this long before each of its timings "
                     "(the clock state of a sustained load; default 0: none)")
+    ap.add_argument("--sustain-load", choices=tuned_table.SUSTAIN_LOADS, default="self",
+                    help="with --sustain: self (the step's own load, the default) or gemm (a "
+                    "co-runner's bf16 matmuls for those seconds and before every timed replay: "
+                    "the target model's load a drafter runs between)")
     ap.add_argument("--db", default=None, metavar="PATH", help="profile database to record into "
                     "(default: as tuner: $DRAFTER_DB, else the checkout's profiles/profile.db)")
     ap.add_argument("--out", default=None, help="folder for CSV/JSON/markdown")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.sustain_load != "self" and not args.sustain:
+        ap.error(f"--sustain-load {args.sustain_load} needs --sustain SECONDS")
+    return args
 
 
 def baseline_names(option: str, geometry) -> list[str]:
@@ -303,6 +313,7 @@ def main(argv=None) -> int:
     sm = env.get("sm")
     meta = dict(env, copy_bw_gbps=roofline.copy_bandwidth() / 1e9, graph_fixed_us=floors.empty_graph_us(),
                 preset=args.preset, commit=decode.git_commit(), sustain_s=args.sustain,
+                sustain_load=args.sustain_load if args.sustain else None,
                 command=" ".join(["python -m drafter_attn.bench.attention_table", *(argv or sys.argv[1:])]),
                 date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     # auto: what kernels.Runtime reads ($DRAFTER_TUNED_TABLE, $DRAFTER_DB, the shipped table), in
@@ -353,14 +364,16 @@ def main(argv=None) -> int:
                                                                     page, batch, ctx, sm)
                         keep(dict(measure_kernel(run, geometry, layout, page, batch, ctx, reps=args.reps,
                                                  preset=args.preset, record=record, label=spec,
-                                                 sustain_s=args.sustain), round=rnd))
+                                                 sustain_s=args.sustain, sustain_load=args.sustain_load),
+                                  round=rnd))
                 for name in names:
                     for page in args.page:
                         if baselines.reason(name, geometry, page, sm) is None:
                             seed += 1
                             keep(dict(measure_base(name, geometry, page, batch, ctx, reps=args.reps,
                                                    preset=args.preset, seed=seed, record=record,
-                                                   sustain_s=args.sustain), round=rnd))
+                                                   sustain_s=args.sustain, sustain_load=args.sustain_load),
+                                  round=rnd))
             torch.cuda.empty_cache()
     df = with_overheads(lowest_floors(pd.DataFrame(rows)))
     table = df[[c for c in COLUMNS if c in df and c != "reason" and (c != "round" or args.rounds > 1)
@@ -378,7 +391,10 @@ def main(argv=None) -> int:
             + "attn_us: one layer's attention (median of graph replays, cold L2); read_floor_us: a streaming "
             "read of the same bytes timed the same way; x_floor = attn_us / read_floor_us; sm_mhz: the "
             "SM clock while the step was timed"
-            + (f", each timing after {args.sustain:g} s of back-to-back replays" if args.sustain else "")
+            + (f", each timing after {args.sustain:g} s of " + (
+                "back-to-back replays" if args.sustain_load == "self"
+                else f"a co-runner's load ({args.sustain_load}), which also ran before every timed replay")
+               if args.sustain else "")
             + ".\n\n"
             + markdown_table(table) + "\n")
     if args.rounds > 1:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from drafter_attn.bench import options as opt
 from drafter_attn.bench.options import BenchError
-from drafter_attn.kernels.tuned_table import REGIMES, SUSTAIN_S, default_regime
+from drafter_attn.kernels.tuned_table import REGIMES, SUSTAIN_LOADS, SUSTAIN_S, default_regime
 
 DECODE_DEFAULTS = dict(page="64,128", batch="1,8,32", ctx="2k,8k,32k")
 PREFILL_DEFAULTS = dict(page="64,128", batch="1,8", ctx="0,8k", chunk="2k")
@@ -78,6 +78,10 @@ def _measure_options(p: argparse.ArgumentParser, defaults: dict) -> None:
     p.add_argument("--sustain", type=opt.non_negative_float, default=None, metavar="SECONDS",
                    help=f"the load before each timing (default: {SUSTAIN_S:g} in the sustained regime, "
                         "0 in a burst)")
+    p.add_argument("--sustain-load", choices=SUSTAIN_LOADS, default="self",
+                   help="what holds the sustained state: self (the step's own load, the default) or "
+                        "gemm (a co-runner's bf16 matmuls for those seconds and before every timed "
+                        "replay: the target model's load a drafter runs between)")
     p.add_argument("--db", default=None, metavar="PATH",
                    help="profile database to record into (default: $DRAFTER_DB, else profiles/profile.db "
                         "of the checkout, else ~/.local/share/drafter-attn/profile.db)")
@@ -170,12 +174,13 @@ def _measure_plan(args, geometry, label: str):
                            context_chunks=args.context_chunk, baseline=args.baseline, reps=args.reps,
                            nsys=args.nsys or args.syncs in ("all", "nsys"), concurrency=args.concurrency,
                            max_ctx=args.max_ctx, table_capacities=args.table_capacity,
-                           max_ctx_hint=args.max_ctx_hint, regime=regime, sustain_s=args.sustain)
+                           max_ctx_hint=args.max_ctx_hint, regime=regime, sustain_s=args.sustain,
+                           sustain_load=args.sustain_load)
     return decode.plan("prefill", geometry, label, preset, pages=args.page, batches=args.batch,
                        ctxs=args.ctx, impls=impls, context_chunks=args.chunk, decode=False,
                        baseline="none", reps=args.reps, concurrency=args.concurrency, max_ctx=args.max_ctx,
                        table_capacities=args.table_capacity, max_ctx_hint=args.max_ctx_hint,
-                       regime=regime, sustain_s=args.sustain)
+                       regime=regime, sustain_s=args.sustain, sustain_load=args.sustain_load)
 
 
 def _select_gpu(args, command: str):

@@ -97,6 +97,7 @@ class Plan:
     max_ctx_hint: str = "off"  # --max-ctx-hint: on, off or both
     regime: str = "burst"  # --regime: the table `auto` picks from (kernels.tuned_table.REGIMES)
     sustain_s: float = 0.0  # each timing after this long of the step's own back-to-back load
+    sustain_load: str = "self"  # or a co-runner's (kernels.tuned_table.SUSTAIN_LOADS)
     notes: list[str] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
     interrupted: bool = False  # set by execute() on Ctrl-C: the rows so far are kept
@@ -197,10 +198,11 @@ def table_variants(table_capacities, max_ctx_hint: str | None) -> tuple[str, lis
 def plan(command: str, geometry, label: str, preset: str | None, *, pages, batches, ctxs, impls,
          accepted=None, context_chunks=(), decode=True, baseline="auto", reps=0, nsys=False,
          concurrency=None, max_ctx=None, table_capacities=(), max_ctx_hint=None, regime="burst",
-         sustain_s=None) -> Plan:
+         sustain_s=None, sustain_load="self") -> Plan:
     """Validate the options and list the jobs. Raises BenchError with what to change. `regime`
     "sustained": `auto` picks from that regime's table, and each timing follows `sustain_s`
-    seconds of load (default SUSTAIN_S there, 0 in a burst)."""
+    seconds of load (default SUSTAIN_S there, 0 in a burst): the step's own, or with
+    `sustain_load` "gemm" a co-runner's, which then also runs before every timed replay."""
     impls = check_impls(impls)
     rows = rows_stored_for(accepted, geometry.block_size)
     steps = ([(DECODE, None)] if decode else []) + [(CONTEXT, c) for c in context_chunks]
@@ -210,12 +212,18 @@ def plan(command: str, geometry, label: str, preset: str | None, *, pages, batch
     hint_option, variants = table_variants(list(table_capacities), max_ctx_hint)
     if sustain_s is None:
         sustain_s = SUSTAIN_S if regime == "sustained" else 0.0
+    if sustain_load != "self" and not sustain_s:
+        raise BenchError(f"--sustain-load {sustain_load} needs a sustained timing: --sustain SECONDS "
+                         "or --regime sustained")
     p = Plan(command, geometry, label, preset, list(pages), list(batches), list(ctxs), impls, steps,
              accepted, rows, names, reps, nsys, concurrency, max_ctx, list(table_capacities), hint_option,
-             regime, float(sustain_s))
+             regime, float(sustain_s), sustain_load)
     p.notes.extend(notes)
-    if p.sustain_s:
+    if p.sustain_s and sustain_load == "self":
         p.notes.append(f"each timing after {p.sustain_s:g} s of its step's own back-to-back load")
+    elif p.sustain_s:
+        p.notes.append(f"each timing after {p.sustain_s:g} s of a co-runner's load ({sustain_load}), "
+                       "which also runs before every timed replay")
     if regime != "burst":
         p.notes.append(f"auto picks from the {regime} regime's table")
     from drafter_attn.kernels import registry
@@ -449,8 +457,8 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
             pick = picks[(job.impl_option, _pick_problem(p, job))]
             impl, params, note = pick.impl, pick.params, pick.note
             stored = p.rows_stored if job.step == DECODE else float(job.chunk)
-            cand = Candidate(problem, impl, tuple(sorted(params.items())), stored, p.preset,
-                             sustain_s=p.sustain_s)
+            cand = Candidate(problem, impl, tuple(sorted(params.items())), stored,
+                             p.preset).sustained(p.sustain_s, p.sustain_load)
             if job.step == DECODE:
                 result = measure(cand.to_wire(), reps=p.reps, nsys=p.nsys, **job.step_options)
             else:
@@ -462,9 +470,10 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
             echo(f"[{n}/{total}] {_describe(row)}")
         for n, (name, batch, ctx, page) in enumerate(base_jobs, len(p.jobs) + 1):
             g1 = p.geometry.with_(num_layers=1)
-            cand = Candidate(Problem(g1, "paged", page, batch, ctx), name, (), None, p.preset,
-                             sustain_s=p.sustain_s)
-            result = measure_baseline(name, p.geometry, page, batch, ctx, reps=p.reps, sustain_s=p.sustain_s)
+            cand = Candidate(Problem(g1, "paged", page, batch, ctx), name, (), None,
+                             p.preset).sustained(p.sustain_s, p.sustain_load)
+            result = measure_baseline(name, p.geometry, page, batch, ctx, reps=p.reps, sustain_s=p.sustain_s,
+                                      sustain_load=p.sustain_load)
             db.add_result(result_row(cand, baseline_db_result(result), env_id, sweep_id, "bench"))
             row = _baseline_row(p, cand, result)
             rows.append(row)

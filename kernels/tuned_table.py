@@ -68,10 +68,10 @@ MAX_ALTERNATIVES = 3
 # The profile database, as far as the runtime reads it (tuner/db.py owns the schema; a test
 # checks these names against it).
 DB_SCHEMA_NAME = "drafter-attn-profile"
-DB_SCHEMA_VERSION = 4
+DB_SCHEMA_VERSION = 5
 # versions 2 and 3 only added columns this runtime does not read; before 4 (`sustain_s`) every row
-# is a burst's
-DB_READS_VERSIONS = ("1", "2", "3", "4")
+# is a burst's, before 5 (`sustain_load`) every sustained row the step's own load's
+DB_READS_VERSIONS = ("1", "2", "3", "4", "5")
 SHAPE_FIELDS = ("num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window", "dtype",
                 "layout", "page_size")
 VERSION_FIELDS = ("torch", "cupy", "cutlass", "nvrtc")
@@ -84,7 +84,7 @@ SELECT e.sm, e.gpu_name, e.driver, e.cuda, e.torch, e.cupy, e.cutlass, e.nvrtc, 
        r.layout, r.page_size, r.batch, r.ctx_len, r.num_layers, r.impl, r.params, r.provenance,
        r.median_us, r.attention_median_us, r.store_median_us, r.syncs_debug, r.syncs_profiler,
        r.syncs_nsys, r.graph_capturable, r.kv_bytes, r.workspace_bytes, r.sweep_id, r.created_at,
-       r.sustain_s, r.id AS row_order
+       r.sustain_s, r.sustain_load, r.id AS row_order
 FROM results r JOIN environments e USING (env_id)
 WHERE r.status = 'ok' AND r.median_us IS NOT NULL AND r.median_us > 0
 """
@@ -96,6 +96,13 @@ WHERE r.status = 'ok' AND r.median_us IS NOT NULL AND r.median_us > 0
 # down times the same either way, and is not measured twice).
 REGIMES = ("burst", "sustained")
 REGIME_ENV = "DRAFTER_REGIME"
+# What holds a sustained timing's state: "self", the step's own back-to-back load (which brings
+# only heavy calls to the power limit), or "gemm", a co-runner's matmuls for the same seconds
+# and then between every timed replay: the target model's load a drafter runs between, which
+# holds the GPU at its power limit whatever the drafter's own draw (results/perf-notes.md, "The
+# picks under a target model's load"). Where a key has co-load rows, they alone decide it in
+# the sustained regime (the defined state); its own-load rows otherwise.
+SUSTAIN_LOADS = ("self", "gemm")
 # A sustained key keeps its burst winner unless another candidate's sustained row beats that
 # winner's own sustained row by more than this share. Two sustained timings of one kernel at
 # one key differ by 3-8% on the H200 (the clock state keeps moving), where bursts differ by 1-2%
@@ -355,6 +362,19 @@ def row_regime(row: Mapping) -> str:
     return "sustained" if (row.get("sustain_s") or 0) > 0 else "burst"
 
 
+def row_load(row: Mapping) -> str | None:
+    """What held a sustained row's state (SUSTAIN_LOADS); None for a burst row."""
+    if row_regime(row) == "burst":
+        return None
+    return row.get("sustain_load") or "self"
+
+
+def check_sustain_load(load: str) -> str:
+    if load not in SUSTAIN_LOADS:
+        raise ValueError(f"sustain load {load!r} is not one of {', '.join(SUSTAIN_LOADS)}")
+    return load
+
+
 def check_regime(regime: str) -> str:
     if regime not in REGIMES:
         raise ValueError(f"regime {regime!r} is not one of {', '.join(REGIMES)}")
@@ -415,6 +435,7 @@ def _entry_of(ranked: list[dict]) -> dict:
                              for r in ranked[1:1 + MAX_ALTERNATIVES]],
             "provenance": {"kind": best.get("provenance") or "measured",
                            "regime": row_regime(best), "sustain_s": best.get("sustain_s") or None,
+                           "sustain_load": row_load(best),
                            "sweep": best.get("sweep_id"), "date": best.get("created_at"),
                            "gpu": best.get("gpu_name"), "driver": best.get("driver"),
                            "cuda": best.get("cuda"), "sources_hash": best.get("sources_hash"),
@@ -443,7 +464,8 @@ def group_rows(rows, *, include_predicted: bool = False, where: str = "profile d
     JSON, a latency that is not a number) are left out with one warning. Keys come in sorted
     order. `regime` (REGIMES): which timings compete; a sustained key without sustained rows
     is decided on its burst rows, and one with them keeps its burst winner unless another
-    candidate leads it there by more than SUSTAINED_MARGIN."""
+    candidate leads it there by more than SUSTAINED_MARGIN. Of a key's sustained rows, those
+    under a co-runner's load (`row_load` "gemm") alone compete where there are any."""
     from drafter_attn.kernels import registry
 
     check_regime(regime)
@@ -468,7 +490,7 @@ def group_rows(rows, *, include_predicted: bool = False, where: str = "profile d
             seen = fallback.setdefault(key, {})
         else:
             seen = groups.setdefault(key, {})
-        cand = candidate_of(row)
+        cand = (row_load(row), candidate_of(row))  # a candidate's rows under each load apart
         old = seen.get(cand)
         if old is None or _age(row) >= _age(old):
             seen[cand] = row
@@ -478,10 +500,20 @@ def group_rows(rows, *, include_predicted: bool = False, where: str = "profile d
         if key not in groups:  # sustained, never measured so: its burst rows decide
             out[key] = rank_rows(list(fallback[key].values()))
             continue
+        groups[key] = _under_one_load(groups[key])
         out[key] = rank_rows(list(groups[key].values()))
         if key in fallback:
             out[key] = _keep_burst_winner(out[key], groups[key], rank_rows(list(fallback[key].values()))[0])
     return out
+
+
+def _under_one_load(rows: dict) -> dict:
+    """A key's competing rows, keyed (load, candidate), as {candidate: row} under one load:
+    for sustained rows the co-runner's where any candidate was timed so, else the step's own
+    (burst rows have no load)."""
+    loads = {load for load, _ in rows}
+    keep = "gemm" if "gemm" in loads else ("self" if "self" in loads else None)
+    return {c: r for (load, c), r in rows.items() if load == keep}
 
 
 def _keep_burst_winner(ranked: list[dict], sustained: dict, burst_winner: dict) -> list[dict]:
@@ -626,7 +658,10 @@ def read_db_rows(path) -> list[dict]:
                              f"this runtime reads versions {', '.join(DB_READS_VERSIONS)}; export a tuned "
                              f"table with a matching tuner")
         have = {r[1] for r in conn.execute("PRAGMA table_info(results)")}
-        sql = DB_ROWS_SQL if "sustain_s" in have else DB_ROWS_SQL.replace("r.sustain_s", "NULL AS sustain_s")
+        sql = DB_ROWS_SQL
+        for col in ("sustain_s", "sustain_load"):  # columns of schemas 4 and 5
+            if col not in have:
+                sql = sql.replace(f"r.{col}", f"NULL AS {col}")
         return [dict(r) for r in conn.execute(sql)]
     except sqlite3.Error as exc:
         raise TableError(f"{path} is not a readable profile database: {exc}") from exc

@@ -10,7 +10,8 @@ the events, then the L2 flush):
   none    nothing (the burst timings the table was built from)
   stream  a decode-time target: 8 matmuls of 64 tokens by 470 MB bf16 weights (about 0.9 ms,
           memory-bound, as verifying a drafted block at small batch is)
-  gemm    a compute-bound target: one 8192^3 bf16 matmul (about 1.6 ms)
+  gemm    a compute-bound target: one 8192^3 bf16 matmul (about 1.6 ms; tuner.timing.co_load, what
+          `--sustain-load gemm` times under)
 
 and each load also runs for LOAD_S seconds (0.5) before each timing, so that the GPU is in the
 state the load holds it in. Rounds interleave loads and kernels; every kernel is checked against
@@ -50,14 +51,13 @@ def co_loads() -> dict:
     dev, bf16 = "cuda", torch.bfloat16
     weights = [torch.randn(8192, 28672, device=dev, dtype=bf16) for _ in range(4)]
     x = torch.randn(64, 8192, device=dev, dtype=bf16)
-    a, b = (torch.randn(8192, 8192, device=dev, dtype=bf16) for _ in range(2))
 
     def stream():
         for _ in range(2):
             for w in weights:
                 torch.matmul(x, w)
 
-    return {"none": None, "stream": stream, "gemm": lambda: torch.matmul(a, b)}
+    return {"none": None, "stream": stream, "gemm": timing.co_load("gemm")}
 
 
 def entry_for(table: dict, preset: str, batch: int, ctx: int, page: int) -> dict:

@@ -168,6 +168,7 @@ def main(argv=None):
     ap.add_argument("--min-tokens", type=parse_size, metavar="TOKENS", help="with --refine")
     ap.add_argument("--sustain", type=float, metavar="SECONDS", help="with --refine: accepted so that "
                     "a refine's arguments pass as they are (the regime compiles nothing of its own)")
+    ap.add_argument("--sustain-load", metavar="LOAD", help="with --refine: accepted as --sustain is")
     ap.add_argument("--with-winners", action="store_true", help="with --refine: the winners and "
                     "their runners-up too (`tuner refine --with-winners` measures them all again, so "
                     "--db leaves none out)")

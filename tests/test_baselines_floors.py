@@ -239,6 +239,11 @@ def test_attention_table_sustain_option():
     for bad in ("-1", "nan", "long"):
         with pytest.raises(SystemExit):
             at.parse_args(["--sustain", bad])
+    assert at.parse_args(["--sustain", "0.75"]).sustain_load == "self"
+    assert at.parse_args(["--sustain", "0.75", "--sustain-load", "gemm"]).sustain_load == "gemm"
+    for bad in (["--sustain-load", "gemm"], ["--sustain", "1", "--sustain-load", "heavy"]):
+        with pytest.raises(SystemExit):  # a load without the seconds, a load it does not know
+            at.parse_args(bad)
 
 
 def test_time_first_times_each_size_once_and_names_a_failure():

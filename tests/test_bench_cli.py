@@ -327,7 +327,7 @@ def _fake_context(wire, chunk, reps=0):
     return row
 
 
-def _fake_baseline(name, geometry, page, batch, ctx, reps=0, sustain_s=0.0):
+def _fake_baseline(name, geometry, page, batch, ctx, reps=0, sustain_s=0.0, sustain_load="self"):
     return dict(status="ok", median_us=7.0, p10_us=6.5, p90_us=8.0, attention_median_us=7.0, read_floor_us=2.0)
 
 
@@ -536,7 +536,7 @@ def test_decode_sustained_regime_times_and_records_sustained(fake_bench, monkeyp
         seen.append(wire["sustain_s"])
         return _fake_decode(wire)
 
-    def base(name, geometry, page, batch, ctx, reps=0, sustain_s=0.0):
+    def base(name, geometry, page, batch, ctx, reps=0, sustain_s=0.0, sustain_load="self"):
         seen.append(sustain_s)
         return _fake_baseline(name, geometry, page, batch, ctx)
 
@@ -548,6 +548,35 @@ def test_decode_sustained_regime_times_and_records_sustained(fake_bench, monkeyp
     assert len(seen) >= 3 and set(seen) == {0.75}  # paged, arena, and each baseline
     with ProfileDB(db, readonly=True) as d:
         assert {r["sustain_s"] for r in d.query("SELECT sustain_s FROM results")} == {0.75}
+
+
+def test_decode_under_a_co_runners_load(fake_bench, monkeypatch, tmp_path, capsys):
+    """--sustain-load gemm: steps and baselines measured as candidates of that load (the wire
+    carries it, the rows record it, the notes say it); without a sustained timing it is refused
+    before anything is measured."""
+    seen = []
+
+    def measure(wire, reps=0, nsys=False):
+        seen.append((wire["sustain_s"], wire["sustain_load"]))
+        return _fake_decode(wire)
+
+    def base(name, geometry, page, batch, ctx, reps=0, sustain_s=0.0, sustain_load="self"):
+        seen.append((sustain_s, sustain_load))
+        return _fake_baseline(name, geometry, page, batch, ctx)
+
+    monkeypatch.setattr(decode, "default_measures", lambda: (measure, _fake_context, base))
+    db = tmp_path / "p.db"
+    argv = ["decode", "--batch", "1", "--ctx", "1k", "--page", "64", "--regime", "sustained",
+            "--sustain-load", "gemm", "--db", str(db), "--out", str(tmp_path / "out")]
+    assert cli.main(argv) == 0
+    assert len(seen) >= 3 and set(seen) == {(0.75, "gemm")}
+    assert "co-runner's load (gemm)" in capsys.readouterr().out
+    with ProfileDB(db, readonly=True) as d:
+        assert {r["sustain_load"] for r in d.query("SELECT sustain_load FROM results")} == {"gemm"}
+    seen.clear()
+    assert cli.main(["decode", "--batch", "1", "--ctx", "1k", "--sustain-load", "gemm",
+                     "--db", str(db)]) == 2
+    assert "needs a sustained timing" in capsys.readouterr().err and not seen
 
 
 def test_failed_measurement_exits_1(fake_bench, monkeypatch, tmp_path, capsys):
@@ -637,7 +666,7 @@ def test_decode_times_every_step_floor_before_any_measurement(monkeypatch, tmp_p
         events.append(("measure", wire["problem"]["batch"]))
         return _fake_decode(wire, reps, nsys)
 
-    def baseline(name, geometry, page, batch, ctx, reps=0, sustain_s=0.0):
+    def baseline(name, geometry, page, batch, ctx, reps=0, sustain_s=0.0, sustain_load="self"):
         events.append(("baseline", batch))
         return _fake_baseline(name, geometry, page, batch, ctx, reps)
 

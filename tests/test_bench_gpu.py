@@ -207,6 +207,26 @@ def test_attention_table_small(tmp_path):
         assert {r["sustain_s"] for r in pdb.query("SELECT sustain_s FROM results")} == {0.05}
 
 
+def test_attention_table_under_a_co_runners_load(tmp_path):
+    """--sustain-load gemm: each kernel row timed after the co-runner's matmuls and with one
+    before every replay, checked and recorded as a candidate of that load; the GEMMs between the
+    replays stay outside the events (the row's time is the kernel's, not the co-runner's 1.6 ms)."""
+    from drafter_attn.bench import attention_table
+
+    out, db = tmp_path / "t", tmp_path / "p.db"
+    rc = attention_table.main(["--preset", MAIN_PRESET, "--batch", "1", "--ctx", "2k", "--page", "64",
+                               "--impl", "cupy", "--baseline", "none", "--reps", "5", "--sustain", "0.05",
+                               "--sustain-load", "gemm", "--db", str(db), "--out", str(out)])
+    assert rc == 0
+    df = pd.read_csv(out / "attention.csv")
+    assert len(df) == 2 and (df.status == "ok").all() and (df.rel_err < 2e-2).all()
+    assert (df.attn_us < 500).all()  # one GEMM of the load alone takes over 1 ms
+    with ProfileDB(db, create=False) as pdb:
+        rows = pdb.query("SELECT sustain_s, sustain_load FROM results")
+    assert rows and all(r == {"sustain_s": 0.05, "sustain_load": "gemm"} for r in rows)
+    assert "co-runner's load (gemm)" in (out / "attention.md").read_text()
+
+
 def test_attention_table_auto_runs_the_runtime_pick(tmp_path):
     """--impl auto: each layout's row runs what the runtime's dispatcher picks there, checked
     against the reference and timed, and its `pick` column is a spec that names that kernel."""

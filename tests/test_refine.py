@@ -189,6 +189,27 @@ def test_sustain_makes_the_candidates_sustained(sweeps, tmp_path):
     assert all(c.to_wire()["sustain_s"] == 0.75 for c in sustained["candidates"])
 
 
+def test_sustain_load_makes_candidates_of_their_own(sweeps, tmp_path, capsys):
+    """`--sustain-load gemm` times the candidates under a co-runner's load: keys of their own
+    (neither a burst's nor an own-load sustained one's), the load on the wire; `self` is the
+    own-load candidate as before; a load without --sustain is refused before anything runs."""
+    base = ["refine", str(TABLE), "--with-winners", "--min-ctx", "128k", "--db", str(tmp_path / "r.db"),
+            "--sustain", "0.75"]
+    assert cli.main(base) == 0 and cli.main(base + ["--sustain-load", "self"]) == 0
+    assert cli.main(base + ["--sustain-load", "gemm"]) == 0
+    own, same, coload = sweeps
+    assert own["candidates"] == same["candidates"]
+    assert {c.sustain_load for c in coload["candidates"]} == {"gemm"}
+    assert all(c.to_wire()["sustain_load"] == "gemm" and c.to_wire()["sustain_s"] == 0.75
+               for c in coload["candidates"])
+    assert not {c.key() for c in coload["candidates"]} & {c.key() for c in own["candidates"]}
+    assert coload["fresh"] == set()  # sustained: a second run resumes
+    assert cli.main(base[:-2] + ["--sustain-load", "gemm"]) == 2
+    assert "needs --sustain" in capsys.readouterr().err and len(sweeps) == 3
+    with pytest.raises(SystemExit):
+        cli.main(base + ["--sustain-load", "heavy"])
+
+
 def test_min_tokens_keeps_the_heavy_keys(sweeps, tmp_path):
     """--min-tokens keeps the winners of keys whose batch x context reaches it."""
     base = ["refine", str(TABLE), "--with-winners", "--db", str(tmp_path / "r.db"), "--dry-run"]

@@ -93,6 +93,40 @@ def test_show_names_the_sustained_rows(db, capsys):
     assert tuner_main(["show", "--db", str(db), "--ctx-len", "32768"]) == 0
     header = capsys.readouterr().out.splitlines()
     assert any("sustain_s" in line and "sm_clock_mhz" in line for line in header)
+    assert not any("sustain_load" in line for line in header)  # own-load rows only: no column
+    with ProfileDB(db) as d:
+        env = d.add_environment(H200)
+        d.add_result(row(env, batch=8, ctx=32768, params=TMA, median_us=260.0, sustain_s=0.75,
+                         sustain_load="gemm"))
+    assert tuner_main(["show", "--db", str(db), "--ctx-len", "32768"]) == 0
+    out = capsys.readouterr().out
+    assert any("sustain_load" in line for line in out.splitlines()) and "gemm" in out
+
+
+def test_rows_under_a_co_runner_decide_their_keys(db):
+    """Key B=1 ctx 128k: PAIR wins in bursts and under its own load; under a co-runner's load
+    (the target model's, `sustain_load` gemm) TMA leads it by more than the margin. A key with
+    co-load rows is decided on them alone, its own-load rows out of the running (runners-up
+    included); a burst table never sees either."""
+    long = dict(batch=1, ctx=131072)
+    with ProfileDB(db) as d:
+        env = d.add_environment(H200)
+        for params, own, burst, coload in ((PAIR, 130.0, 128.0, 150.0), (TMA, 134.0, 133.0, 140.0)):
+            d.add_result(row(env, **long, params=params, median_us=burst))
+            d.add_result(row(env, **long, params=params, median_us=own, sustain_s=0.75))
+            d.add_result(row(env, **long, params=params, median_us=coload, sustain_s=0.75, sustain_load="gemm"))
+    rows = tuned_table.read_db_rows(db)
+    hot = next(e for e in tuned_table.select_entries(rows, regime="sustained") if e["ctx_len"] == 131072)
+    assert (hot["params"], hot["median_us"], hot["provenance"]["sustain_load"]) == (TMA, 140.0, "gemm")
+    assert [a["median_us"] for a in hot["alternatives"]] == [150.0]
+    # its burst winner, or the own-load rows alone (the co-load rows taken out), keep PAIR
+    cool = next(e for e in tuned_table.select_entries(rows) if e["ctx_len"] == 131072)
+    assert cool["params"] == PAIR and cool["provenance"]["sustain_load"] is None
+    own_only = [r for r in rows if r.get("sustain_load") != "gemm"]
+    hot = next(e for e in tuned_table.select_entries(own_only, regime="sustained") if e["ctx_len"] == 131072)
+    assert (hot["params"], hot["provenance"]["sustain_load"]) == (PAIR, "self")
+    # the other keys are as before: no co-load rows there
+    assert _winners(tuned_table.select_entries(rows, regime="sustained"))[(8, 32768)] == (TMA, "sustained")
 
 
 def test_sustained_candidates_are_recorded_with_their_load(tmp_path):
@@ -106,11 +140,17 @@ def test_sustained_candidates_are_recorded_with_their_load(tmp_path):
         env = d.add_environment(H200)
         for c in (burst, hot):
             d.add_result(result_row(c, dict(status="ok", median_us=100.0), env, "s", "w"))
-        got = d.query("SELECT candidate_key, sustain_s FROM results ORDER BY id")
-        assert got == [{"candidate_key": burst.key(), "sustain_s": None},
-                       {"candidate_key": hot.key(), "sustain_s": 0.75}]
+        coload = burst.sustained(0.75, "gemm")
+        assert coload.key() not in (hot.key(), burst.key()) and hot.sustained(0.75, "self") == hot
+        assert Candidate.from_wire(coload.to_wire()) == coload and "under gemm" in coload.label()
+        assert burst.sustained(0, "gemm") == burst  # a burst has no load
+        d.add_result(result_row(coload, dict(status="ok", median_us=100.0), env, "s", "w"))
+        got = d.query("SELECT candidate_key, sustain_s, sustain_load FROM results ORDER BY id")
+        assert got == [{"candidate_key": burst.key(), "sustain_s": None, "sustain_load": None},
+                       {"candidate_key": hot.key(), "sustain_s": 0.75, "sustain_load": None},
+                       {"candidate_key": coload.key(), "sustain_s": 0.75, "sustain_load": "gemm"}]
         # a sweep of the sustained regime does not take a burst row for done, nor the reverse
-        assert d.done_candidates(env) == {burst.key(), hot.key()}
+        assert d.done_candidates(env) == {burst.key(), hot.key(), coload.key()}
 
 
 def test_the_shipped_sustained_table_comes_first_in_its_regime(monkeypatch, tmp_path):

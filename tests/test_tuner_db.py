@@ -114,7 +114,7 @@ def test_foreign_schema_version_is_refused(tmp_path):
     c.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     c.commit()
     c.close()
-    with pytest.raises(SchemaError, match=r"schema version 99.*reads version 4"):
+    with pytest.raises(SchemaError, match=r"schema version 99.*reads version 5"):
         ProfileDB(path)
 
 
@@ -192,6 +192,10 @@ def test_candidate_key_depends_on_every_part():
     # a sustained timing is another candidate; a burst's key is the one older tuners wrote
     assert key == dbmod.candidate_key(*base, 0.0) == dbmod.candidate_key(*base, None)
     assert key != dbmod.candidate_key(*base, 0.75) != dbmod.candidate_key(*base, 0.5)
+    # under a co-runner's load another again; the step's own load is the key sustained rows had
+    own = dbmod.candidate_key(*base, 0.75)
+    assert own == dbmod.candidate_key(*base, 0.75, "self") == dbmod.candidate_key(*base, 0.75, None)
+    assert dbmod.candidate_key(*base, 0.75, "gemm") not in (own, key)
 
 
 def test_environment_id_and_software_versions():
@@ -226,11 +230,11 @@ def test_version_2_database_gains_the_clock_column(tmp_path):
     """A database written before timings recorded their SM clock opens as version 3: its rows
     kept, their clock NULL (not measured), and a new row's clock stored."""
     path = tmp_path / "v2.db"
-    eid = _older_database(path, 2, ("sm_clock_mhz", "sustain_s"))
+    eid = _older_database(path, 2, ("sm_clock_mhz", "sustain_s", "sustain_load"))
     with ProfileDB(path, readonly=True) as db:  # read as it is
         assert db.schema_version() == 2
     with ProfileDB(path) as db:
-        assert db.schema_version() == dbmod.SCHEMA_VERSION == 4
+        assert db.schema_version() == dbmod.SCHEMA_VERSION == 5
         db.add_result(dict(env_id=eid, candidate_key="d", problem_key={}, impl="cupy", params={},
                            status="ok", median_us=13.0, sm_clock_mhz=1590.0))
         rows = db.query("SELECT candidate_key, sm_clock_mhz FROM results ORDER BY id")
@@ -244,15 +248,35 @@ def test_version_3_database_gains_the_regime_column(tmp_path):
     from drafter_attn.kernels import tuned_table
 
     path = tmp_path / "v3.db"
-    eid = _older_database(path, 3, ("sustain_s",))
+    eid = _older_database(path, 3, ("sustain_s", "sustain_load"))
     rows = tuned_table.read_db_rows(path)  # the runtime reads version 3 as it is
     assert len(rows) == 1 and rows[0]["sustain_s"] is None and tuned_table.row_regime(rows[0]) == "burst"
     with ProfileDB(path) as db:
-        assert db.schema_version() == 4
+        assert db.schema_version() == dbmod.SCHEMA_VERSION
         db.add_result(dict(env_id=eid, candidate_key="d", problem_key={}, impl="cupy", params={},
                            status="ok", median_us=13.0, sustain_s=0.75))
     regimes = [tuned_table.row_regime(r) for r in tuned_table.read_db_rows(path)]
     assert regimes == ["burst", "sustained"]
+
+
+def test_version_4_database_gains_the_load_column(tmp_path):
+    """A database written before co-loaded timings existed opens as version 5: its sustained
+    rows read as the step's own load, the runtime reads it before and after, and a row under a
+    co-runner's load is stored with it."""
+    from drafter_attn.kernels import tuned_table
+
+    path = tmp_path / "v4.db"
+    eid = _older_database(path, 4, ("sustain_load",))
+    with sqlite3.connect(path) as c:
+        c.execute("UPDATE results SET sustain_s = 0.75")
+    (row,) = tuned_table.read_db_rows(path)  # version 4 as it is
+    assert row["sustain_load"] is None and tuned_table.row_load(row) == "self"
+    with ProfileDB(path) as db:
+        assert db.schema_version() == 5
+        db.add_result(dict(env_id=eid, candidate_key="d", problem_key={}, impl="cupy", params={},
+                           status="ok", median_us=13.0, sustain_s=0.75, sustain_load="gemm"))
+    loads = [tuned_table.row_load(r) for r in tuned_table.read_db_rows(path)]
+    assert loads == ["self", "gemm"]
 
 
 def test_version_1_database_is_migrated_keeping_its_rows(tmp_path):
@@ -260,7 +284,7 @@ def test_version_1_database_is_migrated_keeping_its_rows(tmp_path):
     reads NULL (not measured) in the new columns; merging it into a new database works too."""
     path = tmp_path / "v1.db"
     eid = _older_database(path, 1, ("read_floor_us", "read_bandwidth_gbs", "read_roofline_fraction",
-                                    "graph_fixed_us", "sm_clock_mhz", "sustain_s"))
+                                    "graph_fixed_us", "sm_clock_mhz", "sustain_s", "sustain_load"))
     assert merge(tmp_path / "new.db", path)["results"] == 1
     with ProfileDB(path) as db:
         assert db.schema_version() == dbmod.SCHEMA_VERSION

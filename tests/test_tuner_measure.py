@@ -172,6 +172,39 @@ def test_sustain_calls_back_to_back_for_the_time_asked(monkeypatch):
     assert len(calls) >= 32 and len(calls) == 32 * len(syncs)
 
 
+def test_a_co_runner_holds_the_load_and_runs_between_replays(monkeypatch):
+    """`time_graph(load=...)` with `sustain_s`: the co-runner, not the graph, runs for the
+    sustain seconds, then once before every timed replay; without `sustain_s` (a burst) it
+    never runs. `co_load` names the loads it knows and refuses others."""
+    from drafter_attn.tuner import timing
+
+    monkeypatch.setattr(timing.torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(timing.time, "sleep", lambda s: None)
+    monkeypatch.setattr(timing, "sm_clock_mhz", lambda: None)
+
+    class Graph:
+        replays = 0
+
+        def replay(self):
+            Graph.replays += 1
+
+    for sustain_s, expect_load in ((0.01, True), (0.0, False)):
+        _FakeEvent.clock, _FakeEvent.polls, Graph.replays = 0.0, 0, 0
+        loads = []
+        t = timing.time_graph(Graph(), reps=5, warmup=2, cold_l2=False, sustain_s=sustain_s,
+                              load=lambda: loads.append(Graph.replays))
+        assert t.count == 5 and Graph.replays == 2 + 5  # warm-up and timed replays only
+        if expect_load:  # the hold (before any replay: 32 a chunk), then one before each replay
+            held = loads.count(0)
+            assert held >= 32 and held % 32 == 0 and loads == [0] * held + [2, 3, 4, 5, 6]
+        else:
+            assert loads == []
+    assert timing.co_load("self") is None and timing.co_load("") is None and timing.co_load(None) is None
+    with pytest.raises(ValueError, match="not one of self, gemm"):
+        timing.co_load("heavy")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback where no GPU is visible")
 def test_no_gpu_no_clock():
     from drafter_attn.tuner import timing

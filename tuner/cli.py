@@ -76,8 +76,10 @@ def cmd_sweep(args) -> int:
     from drafter_attn.tuner.spec import load_spec
     from drafter_attn.tuner.sweep import SweepError, run_sweep
 
+    if _load_without_sustain(args, "sweep"):
+        return 2
     spec = load_spec(args.spec)
-    candidates = [c.sustained(args.sustain) for c in spec.candidates()]
+    candidates = [c.sustained(args.sustain, args.sustain_load) for c in spec.candidates()]
     if args.dry_run:
         return _list_candidates(candidates, spec.source)
     path = _db_path(args)
@@ -105,6 +107,20 @@ SUSTAIN_HELP = ("replay each candidate's step back to back this long before each
                 "limit, and some kernels slow with it). Such rows are the sustained regime's "
                 "candidates, apart from a burst's (`tuner export --regime sustained`), measured "
                 "once each: a second run resumes; each row records its SM clock either way")
+SUSTAIN_LOAD_HELP = ("with --sustain: what holds that state: self (the step's own load, the default; "
+                     "only heavy calls bring the clock down themselves), or gemm (a co-runner's bf16 "
+                     "matmuls for those seconds and again before every timed replay: the target "
+                     "model's load a drafter runs between, at the power limit whatever the step's own "
+                     "draw). Rows under gemm decide their keys in the sustained regime")
+
+
+def _load_without_sustain(args, command: str) -> bool:
+    """A co-runner's load asked without --sustain (a burst has no load): said, True."""
+    if args.sustain_load != "self" and not args.sustain:
+        print(f"tuner {command}: --sustain-load {args.sustain_load} needs --sustain SECONDS (the "
+              "load's length before each timing)", file=sys.stderr)
+        return True
+    return False
 
 
 def cmd_refine(args) -> int:
@@ -112,6 +128,8 @@ def cmd_refine(args) -> int:
     from drafter_attn.tuner.refine import refine_candidates
     from drafter_attn.tuner.sweep import run_sweep
 
+    if _load_without_sustain(args, "refine"):
+        return 2
     if not args.set and not args.with_winners:
         print("tuner refine: nothing to measure: give --set NAME=VALUE (a knob to try), or "
               "--with-winners alone (the winners and their runners-up again, side by side)", file=sys.stderr)
@@ -129,7 +147,7 @@ def cmd_refine(args) -> int:
                                             min_batch=args.min_batch, min_ctx=args.min_ctx,
                                             max_ctx=args.max_ctx, preset=args.preset,
                                             min_tokens=args.min_tokens)
-    candidates = [c.sustained(args.sustain) for c in candidates]
+    candidates = [c.sustained(args.sustain, args.sustain_load) for c in candidates]
     # --with-winners: every candidate (winner, runners-up, refined) measured in this sweep,
     # whatever rows it had before. Sustained candidates are keys of their own, measured once:
     # a second run of the same refine resumes where the first stopped
@@ -254,7 +272,8 @@ def cmd_show(args) -> int:
     if columns and "sustain_s" in df and df["sustain_s"].notna().any():
         # a sustained row is another regime's timing: say which rows are, and at what clock
         at = columns.index("p90_us") + 1
-        columns = columns[:at] + ["sustain_s", "sm_clock_mhz"] + columns[at:]
+        load = ["sustain_load"] if "sustain_load" in df and df["sustain_load"].notna().any() else []
+        columns = columns[:at] + ["sustain_s", *load, "sm_clock_mhz"] + columns[at:]
     print_frame(df, args.format, columns, f"{len(df)} results in {path}")
     return 0
 
@@ -374,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-gpus", type=positive_int, metavar="N", help="with --ray: use at most N of the cluster's GPUs")
     p.add_argument("--timeout", type=positive_float, help="seconds per candidate (default: the spec's timeout_s)")
     p.add_argument("--sustain", type=non_negative_float, default=0.0, metavar="SECONDS", help=SUSTAIN_HELP)
+    p.add_argument("--sustain-load", choices=tuned_table.SUSTAIN_LOADS, default="self", help=SUSTAIN_LOAD_HELP)
     p.add_argument("--retry-failed", action="store_true", help="measure failed candidates again")
     p.add_argument("--dry-run", action="store_true", help="list the candidates and stop")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -416,6 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db(p)
     p.add_argument("--timeout", type=positive_float, default=300.0, help="seconds per candidate")
     p.add_argument("--sustain", type=non_negative_float, default=0.0, metavar="SECONDS", help=SUSTAIN_HELP)
+    p.add_argument("--sustain-load", choices=tuned_table.SUSTAIN_LOADS, default="self", help=SUSTAIN_LOAD_HELP)
     p.add_argument("--retry-failed", action="store_true", help="measure failed candidates again")
     p.add_argument("--dry-run", action="store_true", help="list the candidates and stop")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

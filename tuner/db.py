@@ -34,7 +34,7 @@ import uuid
 from pathlib import Path
 
 SCHEMA_NAME = "drafter-attn-profile"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 STATUSES = ("ok", "failed_compile", "failed_runtime", "failed_correctness", "failed_timeout",
             "unsupported", "failed_node_lost")
@@ -85,6 +85,10 @@ RESULT_COLUMNS = (
     # the regime of the timing: seconds of the step's own back-to-back load before each timing
     # (`--sustain`; NULL: a burst on a cool GPU). Part of the candidate (schema 4)
     ("sustain_s", "REAL"),
+    # what load held that state: NULL or 'self' the step's own, 'gemm' a co-runner's matmuls
+    # before and between the timed replays (a target model's; tuner.timing.co_load). Part of the
+    # candidate where not the step's own (schema 5)
+    ("sustain_load", "TEXT"),
     ("impl", "TEXT NOT NULL"),
     ("params", "TEXT NOT NULL"),
     ("status", "TEXT NOT NULL CHECK (status IN (%s))" % ", ".join(f"'{s}'" for s in STATUSES)),
@@ -130,6 +134,8 @@ MIGRATIONS = {
     2: lambda conn: _add_column(conn, "results", "sm_clock_mhz", "REAL"),
     # 4: the sustained regime of a timing (`sustain_s`; older rows are bursts)
     3: lambda conn: _add_column(conn, "results", "sustain_s", "REAL"),
+    # 5: the load of a sustained timing (`sustain_load`; older sustained rows are the step's own)
+    4: lambda conn: _add_column(conn, "results", "sustain_load", "TEXT"),
 }
 
 
@@ -177,13 +183,17 @@ def canonical_json(value) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-def candidate_key(problem_key: dict, accepted, impl: str, params: dict, sustain_s=None) -> str:
+def candidate_key(problem_key: dict, accepted, impl: str, params: dict, sustain_s=None,
+                  sustain_load=None) -> str:
     """What makes two measurements the same candidate (within one environment). A timing after
     `sustain_s` seconds of load is another candidate than a burst's (whose key is as before the
-    regime existed, so burst rows of older tuners keep theirs)."""
+    regime existed, so burst rows of older tuners keep theirs), and one under a co-runner's load
+    (`sustain_load`, not the step's own) another again."""
     parts = [problem_key, None if accepted is None else float(accepted), impl, params]
     if sustain_s:
         parts.append({"sustain_s": float(sustain_s)})
+        if sustain_load and sustain_load != "self":
+            parts[-1]["sustain_load"] = sustain_load
     return hashlib.sha256(canonical_json(parts).encode()).hexdigest()[:24]
 
 

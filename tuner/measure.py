@@ -48,32 +48,35 @@ def _l2_bytes(index: int) -> int:
     return torch.cuda.get_device_properties(index).L2_cache_size or (60 << 20)
 
 
-def _timer(fn, eager: bool):
+def _timer(fn, eager: bool, load=None):
     """time(reps, warmup, cold_l2, sustain_s) of `fn`: graph replays (captured once here), or
-    eager calls; `sustain_s` of back-to-back calls before the timing (timing.sustain)."""
+    eager calls; `sustain_s` of back-to-back calls before the timing (timing.sustain), or of
+    the co-runner `load` (timing.co_load), which then also runs before every timed call."""
     from drafter_attn.tuner import timing
 
     if eager:
         return lambda reps, warmup=3, cold_l2=True, sustain_s=0.0: timing.time_eager(
-            fn, reps=reps, warmup=warmup, cold_l2=cold_l2, sustain_s=sustain_s)
+            fn, reps=reps, warmup=warmup, cold_l2=cold_l2, sustain_s=sustain_s, load=load)
     graph = timing.capture(fn)
     return lambda reps, warmup=10, cold_l2=True, sustain_s=0.0: timing.time_graph(
-        graph, reps=reps, warmup=warmup, cold_l2=cold_l2, sustain_s=sustain_s)
+        graph, reps=reps, warmup=warmup, cold_l2=cold_l2, sustain_s=sustain_s, load=load)
 
 
-def time_fn(fn, nbytes: int, reps: int = 0, eager: bool = False, sustain_s: float = 0.0) -> tuple[dict, int]:
+def time_fn(fn, nbytes: int, reps: int = 0, eager: bool = False, sustain_s: float = 0.0,
+            sustain_load: str = "") -> tuple[dict, int]:
     """Latency of `fn` (graph-capturable, moves at least `nbytes`) from CUDA graph replays, timed
     twice (the second median shows the noise), beside its floors: the copy roofline and the read
     floor of the same bytes, and the timing method's fixed cost. `reps=0` picks the count from a
     short first timing. `eager`: time eager calls instead (a step that syncs the host cannot be
     captured). `sustain_s`: each timing after that long of back-to-back calls (the clock state
-    of a sustained load). Returns (columns, reps used)."""
+    of a sustained load), or of a co-runner's work (`sustain_load`, kernels.tuned_table's
+    SUSTAIN_LOADS), which also runs before every timed call. Returns (columns, reps used)."""
     import torch
 
-    from drafter_attn.tuner import floors, roofline
+    from drafter_attn.tuner import floors, roofline, timing
 
     cold = nbytes < FLUSH_BELOW_L2_MULTIPLE * _l2_bytes(torch.cuda.current_device())
-    timer = _timer(fn, eager)
+    timer = _timer(fn, eager, timing.co_load(sustain_load) if sustain_s else None)
     if not reps:
         reps = choose_reps(timer(5, warmup=2, cold_l2=cold).median_us)
     first = timer(reps, cold_l2=cold, sustain_s=sustain_s)
@@ -88,13 +91,19 @@ def time_fn(fn, nbytes: int, reps: int = 0, eager: bool = False, sustain_s: floa
     return row, reps
 
 
-def time_step(step, reps: int = 0, eager: bool = False, sustain_s: float = 0.0) -> dict:
+def time_step(step, reps: int = 0, eager: bool = False, sustain_s: float = 0.0,
+              sustain_load: str = "") -> dict:
     """The whole step (`time_fn`) and each half alone (attention, store), from graph replays
     (eager calls with `eager`); the step's and the attention's timings each after `sustain_s`
-    of back-to-back calls."""
-    row, reps = time_fn(step.run, step.bytes_moved, reps, eager=eager, sustain_s=sustain_s)
+    of back-to-back calls, or of `sustain_load`'s co-runner (which the store's timing never has:
+    not sustained, below)."""
+    from drafter_attn.tuner import timing
+
+    row, reps = time_fn(step.run, step.bytes_moved, reps, eager=eager, sustain_s=sustain_s,
+                        sustain_load=sustain_load)
+    load = timing.co_load(sustain_load) if sustain_s else None
     for name, fn in (("attention", step.attention_only), ("store", step.store_only)):
-        timer = _timer(fn, eager)
+        timer = _timer(fn, eager, load if name == "attention" else None)
         # the store alone moves a few hundred KB: its own load never brings the clock down, so
         # it is not sustained (which would only cost the time)
         t = timer(reps, cold_l2=row["l2_flushed"], sustain_s=sustain_s if name == "attention" else 0.0)
@@ -105,7 +114,7 @@ def time_step(step, reps: int = 0, eager: bool = False, sustain_s: float = 0.0) 
 
 
 def measure_baseline(name: str, geometry, page: int, batch: int, ctx: int, *, reps: int = 0,
-                     seed: int = 0, sustain_s: float = 0.0) -> dict:
+                     seed: int = 0, sustain_s: float = 0.0, sustain_load: str = "") -> dict:
     """Baseline `name` (kernels.baselines) over `batch` requests of `ctx` tokens: ONE layer's
     attention (no store), timed as a step is, with its host syncs. Never raises; its time goes
     into the attention columns too, so that it sits beside the kernels' attention halves."""
@@ -120,7 +129,8 @@ def measure_baseline(name: str, geometry, page: int, batch: int, ctx: int, *, re
     base = None
     try:
         base = baselines.build(name, g1, page, [ctx] * batch, "cuda", torch.Generator().manual_seed(seed))
-        row, _ = time_fn(base.run, roofline.call_bytes(g1, batch, ctx, page), reps, sustain_s=sustain_s)
+        row, _ = time_fn(base.run, roofline.call_bytes(g1, batch, ctx, page), reps, sustain_s=sustain_s,
+                         sustain_load=sustain_load)
         row.update(attention_median_us=row["median_us"], attention_p10_us=row["p10_us"],
                    attention_p90_us=row["p90_us"], kv_bytes=base.kv_bytes)
         report = syncs.detect_syncs(base.run, graph=False)
@@ -220,7 +230,8 @@ def measure_step(wire: dict, make_step, *, reps: int = 0, nsys: bool = False,
             row["rel_err"] = None
         else:
             row["rel_err"] = step.check()
-        row.update(time_step(step, reps, eager=bool(stalls), sustain_s=c.sustain_s))
+        row.update(time_step(step, reps, eager=bool(stalls), sustain_s=c.sustain_s,
+                             sustain_load=c.sustain_load))
         row.update(memory.measure_step_memory(step.run, step.kv_bytes).as_dict())
         # Otherwise the step was captured above, so the capture layer is known to pass.
         report = syncs.detect_syncs(step.run, graph=bool(stalls), nsys_candidate=wire if nsys else None)

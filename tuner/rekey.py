@@ -145,7 +145,7 @@ def complete_params(db_path, *, dry_run: bool = False) -> dict:
     from drafter_attn.kernels.spec import Geometry, Problem
 
     out = {"completed": 0, "added": Counter(), "dry_run": dry_run}
-    sql = _ROW_SQL.replace("r.ctx_len", "r.ctx_len, r.problem_key, r.accepted, r.sustain_s")
+    sql = _ROW_SQL.replace("r.ctx_len", "r.ctx_len, r.problem_key, r.accepted, r.sustain_s, r.sustain_load")
     with dbm.ProfileDB(db_path, create=False) as db:
         rows = db.query(sql, (nvrtc.sources_digest(),))
         updates = []
@@ -169,7 +169,7 @@ def complete_params(db_path, *, dry_run: bool = False) -> dict:
                 continue
             done = {**params, **missing}
             key = dbm.candidate_key(json.loads(r["problem_key"]), r["accepted"], r["impl"], done,
-                                    r["sustain_s"])
+                                    r["sustain_s"], r["sustain_load"])
             updates.append((r, done, key, missing))
         if dry_run:
             out["completed"] = len(updates)

@@ -84,13 +84,17 @@ class Candidate:
     # the regime it is timed in: seconds of its own back-to-back load before each timing (0: a
     # burst on a cool GPU; tuner.timing.sustain)
     sustain_s: float = 0.0
+    # what holds that state (kernels.tuned_table.SUSTAIN_LOADS): "" or "self" its own load, "gemm" a
+    # co-runner's matmuls before and between its timed replays (a target model's load)
+    sustain_load: str = ""
 
     @property
     def params_dict(self) -> dict:
         return dict(self.params)
 
     def key(self) -> str:
-        return candidate_key(self.problem.key(), self.accepted, self.impl, self.params_dict, self.sustain_s)
+        return candidate_key(self.problem.key(), self.accepted, self.impl, self.params_dict, self.sustain_s,
+                             self.sustain_load)
 
     def label(self) -> str:
         p = self.problem
@@ -98,6 +102,8 @@ class Candidate:
         params = ",".join(f"{k}={v}" for k, v in self.params) or "-"
         where = f" @{self.target}" if self.target else ""
         regime = f" sustained {self.sustain_s:g} s" if self.sustain_s else ""
+        if self.sustain_s and self.sustain_load not in ("", "self"):
+            regime += f" under {self.sustain_load}"
         return (f"{self.preset or 'custom'} {layout} B={p.batch} ctx={p.ctx_len} {self.impl}[{params}]"
                 f"{where}{regime}")
 
@@ -105,16 +111,20 @@ class Candidate:
         """Plain data (JSON-able) for a worker process."""
         return dict(problem=self.problem.key(), impl=self.impl, params=self.params_dict,
                     accepted=self.accepted, preset=self.preset, target=self.target,
-                    sustain_s=self.sustain_s)
+                    sustain_s=self.sustain_s, sustain_load=self.sustain_load)
 
     @staticmethod
     def from_wire(d: dict) -> Candidate:
         return Candidate(problem_from_key(d["problem"]), d["impl"], tuple(sorted(d["params"].items())),
-                         d.get("accepted"), d.get("preset"), d.get("target"), d.get("sustain_s") or 0.0)
+                         d.get("accepted"), d.get("preset"), d.get("target"), d.get("sustain_s") or 0.0,
+                         d.get("sustain_load") or "")
 
-    def sustained(self, seconds: float) -> Candidate:
-        """This candidate timed after `seconds` of its own load (0: in a burst)."""
-        return dataclasses.replace(self, sustain_s=float(seconds or 0.0))
+    def sustained(self, seconds: float, load: str = "") -> Candidate:
+        """This candidate timed after `seconds` of load (0: in a burst): its own, or `load`'s
+        (kernels.tuned_table.SUSTAIN_LOADS; ignored in a burst)."""
+        seconds = float(seconds or 0.0)
+        load = "" if not seconds or load in ("", "self") else load
+        return dataclasses.replace(self, sustain_s=seconds, sustain_load=load)
 
 
 def target_sm(target: str | None) -> int | None:

@@ -71,7 +71,8 @@ def result_row(c: Candidate, result: dict, env_id: str, sweep_id: str, worker: s
     """A database row: the candidate's identity plus the worker's result columns."""
     key = c.problem.key()
     row = dict(env_id=env_id, candidate_key=c.key(), problem_key=key, preset=c.preset, **key,
-               accepted=c.accepted, sustain_s=c.sustain_s or None, impl=c.impl, params=c.params_dict,
+               accepted=c.accepted, sustain_s=c.sustain_s or None,
+               sustain_load=c.sustain_load or None, impl=c.impl, params=c.params_dict,
                sweep_id=sweep_id, worker=worker, provenance="measured")
     row.update(result)
     return row

@@ -305,7 +305,8 @@ def add_commands(sub, add_db) -> None:
     p.add_argument("--regime", choices=tuned_table.REGIMES, default="burst",
                    help="the clock regime the table is for: burst (rows timed on a cool GPU; "
                         "default), or sustained (each key decided on its rows timed after a "
-                        "sustained load, `--sustain`, where it has any, else on its burst rows); "
+                        "sustained load, `--sustain`, where it has any (those under a co-runner's load, "
+                        "`--sustain-load gemm`, first), else on its burst rows); "
                         "ship it as profiles/sm<SM>-sustained.json")
     p.set_defaults(func=cmd_export)
 

@@ -18,7 +18,9 @@ its SM clock (1980 MHz down to 1500-1700 and at times 1200), and kernels differ 
 slows them (results/perf-notes.md, "The SM clock under the power limit"). A timing of short
 bursts on a cool GPU runs at a higher clock than a serving loop does: `sustain_s` first replays the
 step back to back for that long, so that the timing runs in the clock state the step's own load
-brings the GPU to.
+brings the GPU to. A drafter's light calls never bring it there themselves; in a serving loop the
+target model's forwards do. `load` (`co_load("gemm")`) is such a co-runner: it runs for the
+`sustain_s` instead of the step, and again before every timed replay, outside the events.
 """
 
 from __future__ import annotations
@@ -123,6 +125,32 @@ def sustain(call, seconds: float) -> None:
         torch.cuda.synchronize()
 
 
+# The co-runner of `co_load("gemm")`: one bf16 matmul of this size, about 1.6 ms on an H200,
+# compute-bound like a target model's forward over a batch of drafted blocks; back to back it holds
+# the H200 at its 700 W limit, SM clock about 1450-1500 MHz (results/perf-notes.md, "The picks
+# under a target model's load").
+GEMM_N = 8192
+
+
+@functools.cache
+def _gemm_operands(device_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator(device=f"cuda:{device_index}").manual_seed(0)
+    return tuple(torch.randn(GEMM_N, GEMM_N, device=f"cuda:{device_index}", dtype=torch.bfloat16,
+                             generator=gen) for _ in range(2))
+
+
+def co_load(kind: str | None):
+    """One unit of a co-runner's work for the sustained load `kind`
+    (kernels.tuned_table.SUSTAIN_LOADS), or None for the step's own load ("self", "" or None)."""
+    from drafter_attn.kernels.tuned_table import check_sustain_load
+
+    if kind in (None, "", "self"):
+        return None
+    check_sustain_load(kind)
+    a, b = _gemm_operands(torch.cuda.current_device())
+    return lambda: torch.matmul(a, b)
+
+
 def capture(fn, warmup: int = 2) -> torch.cuda.CUDAGraph:
     """Run `fn` eagerly `warmup` times on a side stream, then capture it into a graph."""
     stream = torch.cuda.Stream()
@@ -139,28 +167,33 @@ def capture(fn, warmup: int = 2) -> torch.cuda.CUDAGraph:
 
 
 def time_graph(graph: torch.cuda.CUDAGraph, reps: int = 100, warmup: int = 10,
-               cold_l2: bool = True, sustain_s: float = 0.0) -> Timing:
+               cold_l2: bool = True, sustain_s: float = 0.0, load=None) -> Timing:
     """Replay a captured graph `reps` times; each replay timed alone with CUDA events (`steady`:
-    timed again where the replays spread wide). `sustain_s`: replayed back to back that long first."""
+    timed again where the replays spread wide). `sustain_s`: replayed back to back that long
+    first, or with `load` (`co_load`) that co-runner's work run that long and then before every
+    replay."""
+    between = load if sustain_s > 0 else None
     if sustain_s > 0:
-        sustain(graph.replay, sustain_s)
+        sustain(load or graph.replay, sustain_s)
     for _ in range(warmup):
         graph.replay()
-    return steady(lambda: _each_timed(graph.replay, reps, cold_l2))
+    return steady(lambda: _each_timed(graph.replay, reps, cold_l2, between=between))
 
 
 def time_eager(fn, reps: int = 100, warmup: int = 3, cold_l2: bool = True,
-               sustain_s: float = 0.0) -> Timing:
+               sustain_s: float = 0.0, load=None) -> Timing:
     """Time `fn` called eagerly `reps` times, each call alone between CUDA events (L2 evicted
     before each when `cold_l2`): for a step that cannot be captured into a graph, such as one
     whose host waits for the device inside it. The host's launch time and its waits show in the
-    figures, as they do when such a step runs in a serving loop."""
+    figures, as they do when such a step runs in a serving loop. `sustain_s` and `load` as
+    `time_graph`'s."""
+    between = load if sustain_s > 0 else None
     if sustain_s > 0:
-        sustain(fn, sustain_s)
+        sustain(load or fn, sustain_s)
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    return _each_timed(fn, reps, cold_l2)
+    return _each_timed(fn, reps, cold_l2, between=between)
 
 
 def _each_timed(call, reps: int, cold_l2: bool, between=None) -> Timing:
@@ -189,6 +222,6 @@ def _each_timed(call, reps: int, cold_l2: bool, between=None) -> Timing:
 
 
 def time_replays(fn, reps: int = 100, warmup: int = 10, cold_l2: bool = True,
-                 sustain_s: float = 0.0) -> Timing:
+                 sustain_s: float = 0.0, load=None) -> Timing:
     """Capture `fn` (a whole step: must not sync the host) and time its replays."""
-    return time_graph(capture(fn), reps=reps, warmup=warmup, cold_l2=cold_l2, sustain_s=sustain_s)
+    return time_graph(capture(fn), reps=reps, warmup=warmup, cold_l2=cold_l2, sustain_s=sustain_s, load=load)
