@@ -22,14 +22,15 @@ Tuned-table JSON (format "drafter-attn-tuned-table", version 1)::
                   "candidates": 2,
                   "alternatives": [{"impl": ..., "params": {...}, "median_us": ..., "per_layer_us": ...}],
                   "provenance": {"kind": "measured", "regime": "burst", "sustain_s": null,
-                                 "sweep": ..., "date": ..., "gpu": ...,
+                                 "sustain_load": null, "sweep": ..., "date": ..., "gpu": ...,
                                  "driver": ..., "cuda": ..., "sources_hash": ...,
                                  "versions": {"torch": ..., "cupy": ..., "cutlass": ..., "nvrtc": ...},
                                  "commit": ..., "env_id": ..., "preset": ...}}, ...]}
 
 `provenance.regime` is the clock regime its winner was timed in (REGIMES: "burst", or
-"sustained" after `sustain_s` seconds of load); a table exported for the sustained regime
-(`source.regime`) holds sustained winners where its database measured the key sustained.
+"sustained" after `sustain_s` seconds of load, `sustain_load` saying whose: SUSTAIN_LOADS); a
+table exported for the sustained regime (`source.regime`) holds sustained winners where its
+database measured the key sustained.
 `provenance.gpu` is a GPU name, or the name of a class in `gpu_classes`: an entry measured on one
 GPU of a class is used on every GPU of that class, and on no other GPU.
 
