@@ -101,13 +101,13 @@ def time_step(step, reps: int = 0, eager: bool = False, sustain_s: float = 0.0,
 
     row, reps = time_fn(step.run, step.bytes_moved, reps, eager=eager, sustain_s=sustain_s,
                         sustain_load=sustain_load)
-    load = timing.co_load(sustain_load) if sustain_s else None
     for name, fn in (("attention", step.attention_only), ("store", step.store_only)):
-        timer = _timer(fn, eager, load if name == "attention" else None)
+        load = timing.co_load(sustain_load) if sustain_s and name == "attention" else None
+        timer = _timer(fn, eager, load)
         # the store alone moves a few hundred KB: its own load never brings the clock down, so
         # it is not sustained (which would only cost the time)
         t = timer(reps, cold_l2=row["l2_flushed"], sustain_s=sustain_s if name == "attention" else 0.0)
-        del timer
+        del timer, load
         row.update({f"{name}_median_us": t.median_us, f"{name}_p10_us": t.p10_us,
                     f"{name}_p90_us": t.p90_us})
     return row

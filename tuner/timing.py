@@ -132,22 +132,17 @@ def sustain(call, seconds: float) -> None:
 GEMM_N = 8192
 
 
-@functools.cache
-def _gemm_operands(device_index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator(device=f"cuda:{device_index}").manual_seed(0)
-    return tuple(torch.randn(GEMM_N, GEMM_N, device=f"cuda:{device_index}", dtype=torch.bfloat16,
-                             generator=gen) for _ in range(2))
-
-
 def co_load(kind: str | None):
     """One unit of a co-runner's work for the sustained load `kind`
-    (kernels.tuned_table.SUSTAIN_LOADS), or None for the step's own load ("self", "" or None)."""
+    (kernels.tuned_table.SUSTAIN_LOADS), or None for the step's own load ("self", "" or None).
+    Its operands (256 MB) live as long as the returned function: a timing's, so that they are
+    not counted in the memory a step is measured to hold afterwards (tuner.memory)."""
     from drafter_attn.kernels.tuned_table import check_sustain_load
 
     if kind in (None, "", "self"):
         return None
     check_sustain_load(kind)
-    a, b = _gemm_operands(torch.cuda.current_device())
+    a, b = (torch.randn(GEMM_N, GEMM_N, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     return lambda: torch.matmul(a, b)
 
 
