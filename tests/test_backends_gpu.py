@@ -153,16 +153,23 @@ def test_attention_matches_reference(backend, layout, geom, page, lens, seed):
         with pytest.raises(ValueError, match="cannot run this problem"):
             fn(q, kb, vb, *cache, **kw)
         return
+    check_layout(impl, geom, layout, page, lens, (q, kb, vb), gen)
+
+
+def check_layout(impl, geom: Geometry, layout: str, page: int | None, lens, block, gen) -> None:
+    """`impl`'s call on a fresh random context of `lens` (paged at `page`, or the arena) against
+    the reference, its output's memory poisoned first."""
+    kw = dict(mask=geom.mask, window=geom.window)
     if layout == "paged":
         cache = random_paged_context(geom, lens, page, "cuda", gen)
-        ref = reference.paged_attention(q, kb, vb, *cache, **kw)
-        _poison_allocator(q)
-        out = impl.paged_attention(q, kb, vb, *cache, **kw)
+        ref = reference.paged_attention(*block, *cache, **kw)
+        _poison_allocator(block[0])
+        out = impl.paged_attention(*block, *cache, **kw)
     else:
         cache = random_arena_context(geom, lens, max(lens) + 5, "cuda", gen)
-        ref = reference.arena_attention(q, kb, vb, *cache, **kw)
-        _poison_allocator(q)
-        out = impl.arena_attention(q, kb, vb, *cache, **kw)
+        ref = reference.arena_attention(*block, *cache, **kw)
+        _poison_allocator(block[0])
+        out = impl.arena_attention(*block, *cache, **kw)
     _assert_close(out, ref, geom.dtype)
 
 

@@ -17,13 +17,12 @@ import zlib
 import pytest
 import torch
 
-from drafter_attn.kernels import reference, registry
-from drafter_attn.kernels.cache import random_arena_context, random_paged_context
+from drafter_attn.kernels import registry
 from drafter_attn.kernels.contract import Dims
 from drafter_attn.kernels.shipped import shipped_dir
 from drafter_attn.kernels.spec import Geometry, Problem
 
-from tests.test_backends_gpu import _assert_close, _block_inputs, _poison_allocator
+from tests.test_backends_gpu import _block_inputs, check_layout
 
 MAX_BATCH, MAX_CTX = 8, 16384
 GEOMETRY_FIELDS = ("num_q_heads", "num_kv_heads", "head_dim", "block_size", "mask", "window", "dtype")
@@ -124,16 +123,4 @@ def test_shipped_pick_matches_reference(entry, forced):
     seed = zlib.crc32(_id(entry).encode())
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     lens = _lens(entry, rng)
-    q, kb, vb = _block_inputs(geom, len(lens), gen)
-    kw = dict(mask=geom.mask, window=geom.window)
-    if entry["layout"] == "paged":
-        cache = random_paged_context(geom, lens, entry["page_size"], "cuda", gen)
-        ref = reference.paged_attention(q, kb, vb, *cache, **kw)
-        _poison_allocator(q)
-        out = impl.paged_attention(q, kb, vb, *cache, **kw)
-    else:
-        cache = random_arena_context(geom, lens, max(lens) + 5, "cuda", gen)
-        ref = reference.arena_attention(q, kb, vb, *cache, **kw)
-        _poison_allocator(q)
-        out = impl.arena_attention(q, kb, vb, *cache, **kw)
-    _assert_close(out, ref, geom.dtype)
+    check_layout(impl, geom, entry["layout"], entry["page_size"], lens, _block_inputs(geom, len(lens), gen), gen)
