@@ -169,6 +169,8 @@ def main(argv=None):
     ap.add_argument("--sustain", type=float, metavar="SECONDS", help="with --refine: accepted so that "
                     "a refine's arguments pass as they are (the regime compiles nothing of its own)")
     ap.add_argument("--sustain-load", metavar="LOAD", help="with --refine: accepted as --sustain is")
+    ap.add_argument("--with-default", action="store_true", help="with --refine: the default "
+                    "parameters at each key too")
     ap.add_argument("--with-winners", action="store_true", help="with --refine: the winners and "
                     "their runners-up too (`tuner refine --with-winners` measures them all again, so "
                     "--db leaves none out)")
@@ -210,7 +212,7 @@ def main(argv=None):
         found = refine_candidates(args.refine, sets, tuple(args.where), max_batch=args.max_batch,
                                   with_winners=args.with_winners, min_batch=args.min_batch,
                                   min_ctx=args.min_ctx, max_ctx=args.max_ctx, preset=args.preset,
-                                  min_tokens=args.min_tokens)[0]
+                                  min_tokens=args.min_tokens, with_default=args.with_default)[0]
         todo |= candidate_jobs(found, sm, None if args.with_winners else args.db)
     todo = sorted(j for j in todo if j is not None)
     with ProcessPoolExecutor(os.cpu_count()) as pool:

@@ -210,6 +210,28 @@ def test_sustain_load_makes_candidates_of_their_own(sweeps, tmp_path, capsys):
         cli.main(base + ["--sustain-load", "heavy"])
 
 
+def test_with_default_adds_the_runtimes_untuned_kernel(sweeps, tmp_path):
+    """--with-default: each selected key's default parameters too (what the runtime runs
+    without a table), resolved at that key and SM, once per key; alone it is enough to run."""
+    from drafter_attn.kernels import registry
+    from drafter_attn.tuner.spec import problem_from_key
+
+    found, _ = refine_candidates(TABLE, {}, ("ws",), max_batch=1, min_ctx=131072, with_default=True)
+    plain, _ = refine_candidates(TABLE, {}, ("ws",), max_batch=1, min_ctx=131072)
+    extra = [c for c in found if c.key() not in {p.key() for p in plain}]
+    keys = {json.dumps(c.problem.key(), sort_keys=True) for c in plain}
+    assert extra and len(extra) == len(keys)  # one default a key (the winners are not defaults)
+    backend = registry.get("cupy")
+    for c in extra:
+        e = next(e for e in _winners(("ws",)) if problem_from_key(e) == c.problem)
+        assert c.params_dict == registry.resolve_params(backend, c.problem, e["sm"], {})
+        assert not c.params_dict["ws"]
+    base = ["refine", str(TABLE), "--where", "ws", "--max-batch", "1", "--min-ctx", "128k",
+            "--db", str(tmp_path / "r.db")]
+    assert cli.main(base + ["--with-default"]) == 0
+    assert {c.key() for c in sweeps[-1]["candidates"]} == {c.key() for c in found}
+
+
 def test_min_tokens_keeps_the_heavy_keys(sweeps, tmp_path):
     """--min-tokens keeps the winners of keys whose batch x context reaches it."""
     base = ["refine", str(TABLE), "--with-winners", "--db", str(tmp_path / "r.db"), "--dry-run"]

@@ -1,7 +1,7 @@
 """The `tuner` command: sweeps into the profile database, and what it holds.
 
     tuner sweep SPEC [--db PATH]          measure a sweep spec (a TOML file, or "default")
-    tuner refine TABLE --set K=V [--where K] [--max-batch N] [--min-batch N] [--with-winners]
+    tuner refine TABLE --set K=V [--where K] [--max-batch N] [--min-batch N] [--with-winners] [--with-default]
                 [--min-ctx N] [--max-ctx N] [--min-tokens N] [--preset NAME] [--sustain S]
                                           a tuned table's winners again with parameters changed
     tuner show [filters] [--format F]     the database's results as a table, CSV or JSON
@@ -130,9 +130,10 @@ def cmd_refine(args) -> int:
 
     if _load_without_sustain(args, "refine"):
         return 2
-    if not args.set and not args.with_winners:
+    if not args.set and not args.with_winners and not args.with_default:
         print("tuner refine: nothing to measure: give --set NAME=VALUE (a knob to try), or "
-              "--with-winners alone (the winners and their runners-up again, side by side)", file=sys.stderr)
+              "--with-winners alone (the winners and their runners-up again, side by side), or "
+              "--with-default", file=sys.stderr)
         return 2
     if args.preset:
         from drafter_attn.kernels.presets import get_preset
@@ -146,7 +147,7 @@ def cmd_refine(args) -> int:
                                             args.max_batch, with_winners=args.with_winners,
                                             min_batch=args.min_batch, min_ctx=args.min_ctx,
                                             max_ctx=args.max_ctx, preset=args.preset,
-                                            min_tokens=args.min_tokens)
+                                            min_tokens=args.min_tokens, with_default=args.with_default)
     candidates = [c.sustained(args.sustain, args.sustain_load) for c in candidates]
     # --with-winners: every candidate (winner, runners-up, refined) measured in this sweep,
     # whatever rows it had before. Sustained candidates are keys of their own, measured once:
@@ -427,6 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-tokens", type=positive_size, metavar="TOKENS",
                    help="only winners of keys whose batch x context is at least this (256k: the "
                    "calls whose own load holds the H200 at its power limit, for --sustain)")
+    p.add_argument("--with-default", action="store_true",
+                   help="also the backend's default parameters at each key (what the runtime runs "
+                   "without a table; a table's runners-up need not include it)")
     p.add_argument("--with-winners", action="store_true",
                    help="measure each winner and the runners-up the table lists beside it again, "
                    "right before its refined candidate (that one again too where it has a row), so "

@@ -41,7 +41,8 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
                       min_batch: int | None = None, min_ctx: int | None = None,
                       max_ctx: int | None = None,
                       preset: str | None = None,
-                      min_tokens: int | None = None) -> tuple[list[Candidate], list[str]]:
+                      min_tokens: int | None = None,
+                      with_default: bool = False) -> tuple[list[Candidate], list[str]]:
     """(candidates, skipped): every measured winner of `table` run by `impl` whose parameters
     named in `where` are all set (true, non-zero), and of at most `max_batch` and at least
     `min_batch` requests where given, with `overrides` applied over its own parameters;
@@ -55,7 +56,8 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
     `with_winners`: each winner itself (as it was measured) and the entry's alternatives of
     `impl` right before its refined candidate (`tuner refine --with-winners` measures them all
     again); with no `overrides` the refined candidate is the winner itself, so that is a plain
-    side-by-side re-measure."""
+    side-by-side re-measure. `with_default`: also `impl`'s default parameters at the key (what
+    the runtime runs without a table), which a table's runners-up need not list."""
     entries = json.loads(Path(table).read_text())["entries"]
     backend = registry.get(impl)
     registry.check_params(backend, overrides)
@@ -87,7 +89,7 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
         # the winner and its runners-up as they were measured (with_winners), then the refined one
         runners_up = [{k: v for k, v in a["params"].items() if k in known}
                       for a in e.get("alternatives", []) if a["impl"] == impl]
-        for chosen in ([wanted, *runners_up] if with_winners else []) + [bound]:
+        for chosen in ([wanted, *runners_up] if with_winners else []) + [bound] + ([{}] if with_default else []):
             params = registry.resolve_params(backend, problem, sm, chosen)
             cand = Candidate(problem, impl, tuple(sorted(params.items())), None,
                              e["provenance"].get("preset"), f"sm{sm}")
