@@ -144,6 +144,8 @@ def test_sustained_candidates_are_recorded_with_their_load(tmp_path):
         assert coload.key() not in (hot.key(), burst.key()) and hot.sustained(0.75, "self") == hot
         assert Candidate.from_wire(coload.to_wire()) == coload and "under gemm" in coload.label()
         assert burst.sustained(0, "gemm") == burst  # a burst has no load
+        with pytest.raises(ValueError, match="not one of self, gemm"):
+            burst.sustained(0.75, "heavy")
         d.add_result(result_row(coload, dict(status="ok", median_us=100.0), env, "s", "w"))
         got = d.query("SELECT candidate_key, sustain_s, sustain_load FROM results ORDER BY id")
         assert got == [{"candidate_key": burst.key(), "sustain_s": None, "sustain_load": None},

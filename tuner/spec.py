@@ -122,8 +122,10 @@ class Candidate:
     def sustained(self, seconds: float, load: str = "") -> Candidate:
         """This candidate timed after `seconds` of load (0: in a burst): its own, or `load`'s
         (kernels.tuned_table.SUSTAIN_LOADS; ignored in a burst)."""
+        from drafter_attn.kernels.tuned_table import check_sustain_load
+
         seconds = float(seconds or 0.0)
-        load = "" if not seconds or load in ("", "self") else load
+        load = "" if not seconds or load in ("", "self") else check_sustain_load(load)
         return dataclasses.replace(self, sustain_s=seconds, sustain_load=load)
 
 
