@@ -82,8 +82,9 @@ RESULT_COLUMNS = (
     ("preset", "TEXT"),
     *PROBLEM_COLUMNS,
     ("accepted", "REAL"),
-    # the regime of the timing: seconds of the step's own back-to-back load before each timing
-    # (`--sustain`; NULL: a burst on a cool GPU). Part of the candidate (schema 4)
+    # the regime of the timing: seconds of load before each timing (`--sustain`; NULL: a burst
+    # on a cool GPU), the step's own unless `sustain_load` says otherwise. Part of the candidate
+    # (schema 4)
     ("sustain_s", "REAL"),
     # what load held that state: NULL or 'self' the step's own, 'gemm' a co-runner's matmuls
     # before and between the timed replays (a target model's; tuner.timing.co_load). Part of the
