@@ -46,9 +46,9 @@ import pandas as pd
 
 from drafter_attn.bench.options import sizes
 from drafter_attn.bench.output import markdown_table
-from drafter_attn.tuner.cli_checks import non_negative_float
+from drafter_attn.tuner.cli_checks import add_sustain_load, load_without_sustain, non_negative_float
 from drafter_attn.tuner.sizes import parse_size
-from drafter_attn.kernels import baselines, registry, tuned_table
+from drafter_attn.kernels import baselines, registry
 from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
 from drafter_attn.kernels.spec import Problem
 
@@ -241,16 +241,14 @@ def parse_args(argv):
     ap.add_argument("--sustain", type=non_negative_float, default=0.0, metavar="SECONDS",
                     help="replay each point's step back to back this long before each of its timings "
                     "(the clock state of a sustained load; default 0: none)")
-    ap.add_argument("--sustain-load", choices=tuned_table.SUSTAIN_LOADS, default="self",
-                    help="with --sustain: self (the step's own load, the default) or gemm (a "
-                    "co-runner's bf16 matmuls for those seconds and before every timed replay: "
-                    "the target model's load a drafter runs between)")
+    add_sustain_load(ap)
     ap.add_argument("--db", default=None, metavar="PATH", help="profile database to record into "
                     "(default: as tuner: $DRAFTER_DB, else the checkout's profiles/profile.db)")
     ap.add_argument("--out", default=None, help="folder for CSV/JSON/markdown")
     args = ap.parse_args(argv)
-    if args.sustain_load != "self" and not args.sustain:
-        ap.error(f"--sustain-load {args.sustain_load} needs --sustain SECONDS")
+    problem = load_without_sustain(args.sustain_load, args.sustain)
+    if problem:
+        ap.error(problem)
     return args
 
 

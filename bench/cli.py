@@ -23,7 +23,7 @@ from pathlib import Path
 
 from drafter_attn.bench import options as opt
 from drafter_attn.bench.options import BenchError
-from drafter_attn.kernels.tuned_table import REGIMES, SUSTAIN_LOADS, SUSTAIN_S, default_regime
+from drafter_attn.kernels.tuned_table import REGIMES, SUSTAIN_S, default_regime
 
 DECODE_DEFAULTS = dict(page="64,128", batch="1,8,32", ctx="2k,8k,32k")
 PREFILL_DEFAULTS = dict(page="64,128", batch="1,8", ctx="0,8k", chunk="2k")
@@ -78,10 +78,7 @@ def _measure_options(p: argparse.ArgumentParser, defaults: dict) -> None:
     p.add_argument("--sustain", type=opt.non_negative_float, default=None, metavar="SECONDS",
                    help=f"the load before each timing (default: {SUSTAIN_S:g} in the sustained regime, "
                         "0 in a burst)")
-    p.add_argument("--sustain-load", choices=SUSTAIN_LOADS, default="self",
-                   help="what holds the sustained state: self (the step's own load, the default) or "
-                        "gemm (a co-runner's bf16 matmuls for those seconds and before every timed "
-                        "replay: the target model's load a drafter runs between)")
+    opt.add_sustain_load(p)
     p.add_argument("--db", default=None, metavar="PATH",
                    help="profile database to record into (default: $DRAFTER_DB, else profiles/profile.db "
                         "of the checkout, else ~/.local/share/drafter-attn/profile.db)")

@@ -41,6 +41,7 @@ from drafter_attn.bench.options import BenchError
 from drafter_attn.kernels import footprint as kvmem
 from drafter_attn.kernels.tuned_table import SUSTAIN_S, sync_count
 from drafter_attn.tuner import memory as step_memory
+from drafter_attn.tuner.cli_checks import load_without_sustain
 
 DECODE, CONTEXT = "decode", "context"
 FALLBACK_IMPL = "cupy"
@@ -212,9 +213,9 @@ def plan(command: str, geometry, label: str, preset: str | None, *, pages, batch
     hint_option, variants = table_variants(list(table_capacities), max_ctx_hint)
     if sustain_s is None:
         sustain_s = SUSTAIN_S if regime == "sustained" else 0.0
-    if sustain_load != "self" and not sustain_s:
-        raise BenchError(f"--sustain-load {sustain_load} needs a sustained timing: --sustain SECONDS "
-                         "or --regime sustained")
+    problem = load_without_sustain(sustain_load, sustain_s)
+    if problem:
+        raise BenchError(f"{problem} or --regime sustained (it needs a sustained timing)")
     p = Plan(command, geometry, label, preset, list(pages), list(batches), list(ctxs), impls, steps,
              accepted, rows, names, reps, nsys, concurrency, max_ctx, list(table_capacities), hint_option,
              regime, float(sustain_s), sustain_load)

@@ -10,7 +10,7 @@ import argparse
 import re
 
 from drafter_attn.tuner.cli_checks import (  # noqa: F401  (bench's option types)
-    non_negative_float, non_negative_int, positive_float, positive_int)
+    add_sustain_load, non_negative_float, non_negative_int, positive_float, positive_int)
 from drafter_attn.tuner.sizes import parse_size
 
 

@@ -24,8 +24,8 @@ import json
 import sys
 
 from drafter_attn.kernels import tuned_table
-from drafter_attn.tuner.cli_checks import (int_list, non_negative_float, positive_float, positive_int,
-                                            positive_size)
+from drafter_attn.tuner.cli_checks import (add_sustain_load, int_list, load_without_sustain,
+                                            non_negative_float, positive_float, positive_int, positive_size)
 from drafter_attn.tuner.db import ProfileDB, SchemaError, default_path
 
 DB_HELP = """\
@@ -107,20 +107,14 @@ SUSTAIN_HELP = ("replay each candidate's step back to back this long before each
                 "limit, and some kernels slow with it). Such rows are the sustained regime's "
                 "candidates, apart from a burst's (`tuner export --regime sustained`), measured "
                 "once each: a second run resumes; each row records its SM clock either way")
-SUSTAIN_LOAD_HELP = ("with --sustain: what holds that state: self (the step's own load, the default; "
-                     "only heavy calls bring the clock down themselves), or gemm (a co-runner's bf16 "
-                     "matmuls for those seconds and again before every timed replay: the target "
-                     "model's load a drafter runs between, at the power limit whatever the step's own "
-                     "draw). Rows under gemm decide their keys in the sustained regime")
 
 
 def _load_without_sustain(args, command: str) -> bool:
-    """A co-runner's load asked without --sustain (a burst has no load): said, True."""
-    if args.sustain_load != "self" and not args.sustain:
-        print(f"tuner {command}: --sustain-load {args.sustain_load} needs --sustain SECONDS (the "
-              "load's length before each timing)", file=sys.stderr)
-        return True
-    return False
+    """A co-runner's load asked without --sustain: said, True."""
+    problem = load_without_sustain(args.sustain_load, args.sustain)
+    if problem:
+        print(f"tuner {command}: {problem}", file=sys.stderr)
+    return problem is not None
 
 
 def cmd_refine(args) -> int:
@@ -394,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-gpus", type=positive_int, metavar="N", help="with --ray: use at most N of the cluster's GPUs")
     p.add_argument("--timeout", type=positive_float, help="seconds per candidate (default: the spec's timeout_s)")
     p.add_argument("--sustain", type=non_negative_float, default=0.0, metavar="SECONDS", help=SUSTAIN_HELP)
-    p.add_argument("--sustain-load", choices=tuned_table.SUSTAIN_LOADS, default="self", help=SUSTAIN_LOAD_HELP)
+    add_sustain_load(p)
     p.add_argument("--retry-failed", action="store_true", help="measure failed candidates again")
     p.add_argument("--dry-run", action="store_true", help="list the candidates and stop")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -440,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db(p)
     p.add_argument("--timeout", type=positive_float, default=300.0, help="seconds per candidate")
     p.add_argument("--sustain", type=non_negative_float, default=0.0, metavar="SECONDS", help=SUSTAIN_HELP)
-    p.add_argument("--sustain-load", choices=tuned_table.SUSTAIN_LOADS, default="self", help=SUSTAIN_LOAD_HELP)
+    add_sustain_load(p)
     p.add_argument("--retry-failed", action="store_true", help="measure failed candidates again")
     p.add_argument("--dry-run", action="store_true", help="list the candidates and stop")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -15,6 +15,28 @@ import tempfile
 from pathlib import Path
 
 
+SUSTAIN_LOAD_HELP = ("with a sustained timing (--sustain): what holds that state: self (the step's own "
+                     "load, the default; only heavy calls bring the clock down themselves), or gemm (a "
+                     "co-runner's bf16 matmuls for those seconds and again before every timed replay: "
+                     "the target model's load a drafter runs between, at the power limit whatever the "
+                     "step's own draw)")
+
+
+def add_sustain_load(parser) -> None:
+    """The --sustain-load option, as every command that takes --sustain has it."""
+    from drafter_attn.kernels.tuned_table import SUSTAIN_LOADS
+
+    parser.add_argument("--sustain-load", choices=SUSTAIN_LOADS, default="self", help=SUSTAIN_LOAD_HELP)
+
+
+def load_without_sustain(load: str, sustain_s) -> str | None:
+    """What is wrong with a co-runner's `load` asked without a sustained timing (a burst has
+    no load), or None."""
+    if load != "self" and not sustain_s:
+        return f"--sustain-load {load} needs --sustain SECONDS"
+    return None
+
+
 class OutputError(ValueError):
     """An output path that cannot be written; the message names it and why."""
 
