@@ -26,7 +26,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import torch
 
@@ -85,14 +84,6 @@ def short(spec: str) -> str:
     return spec.replace("cupy:", "") or "default"
 
 
-def hold(load, seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        for _ in range(4):
-            load()
-        torch.cuda.synchronize()
-
-
 def precompile(rows, table) -> None:
     """Every kernel the rows load, compiled in parallel first (scripts/precompile_gpu_matrix.py's
     jobs), so that no timing waits on NVRTC."""
@@ -145,7 +136,7 @@ def main() -> None:
             for ld in LOADS:
                 for spec, g in graphs.items():
                     if loads[ld] is not None:
-                        hold(loads[ld], LOAD_S)
+                        timing.sustain(loads[ld], LOAD_S)
                     t = timing._each_timed(g.replay, REPS, cold_l2=True, between=loads[ld])
                     got[ld, spec].append(t.median_us)
                     if t.sm_mhz:
