@@ -376,3 +376,17 @@ def test_cupy_runs_on_a_gpu_no_table_knows(monkeypatch, layout):
     finally:
         cb._loaded.clear()  # later tests load modules for the real SM again
         registry.get("cupy").clear_plans()
+
+
+def test_predict_names_each_source_gpu_once(capsys, tmp_path):
+    """One GPU measured under several environments (kernel sources, driver versions) is one
+    source of the projection: `tuner predict` names it once, not once per environment."""
+    from profile_fakes import H200, build_db
+
+    db = tmp_path / "p.db"
+    rows = [dict(layout="paged", page=64, batch=1, ctx=2048, median_us=20.0, bytes_moved=1 << 23)]
+    build_db(db, {f"src-{i}": (dict(H200, sources_hash=f"src-{i}"), rows) for i in range(3)})
+    assert cli.main(["predict", "--sm", "107", "--db", str(db)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("from NVIDIA H200 (") == 1
+    assert "3 predicted rows written from sm90" in err

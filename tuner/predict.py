@@ -246,8 +246,10 @@ def _write_predictions(db: ProfileDB, rows: list, gpus: list, target: GPU, summa
                       sources_hash=row["sources_hash"])
             eid = env_id(fp)
             envs[row["env_id"]] = (eid, fp, src, db.done_candidates(eid))
-            summary["sources"].append({"gpu": row["gpu_name"], "datasheet": src.name,
-                                       "tbs": src.bandwidth_tbs, "source": src.source})
+            source_gpu = {"gpu": row["gpu_name"], "datasheet": src.name,
+                          "tbs": src.bandwidth_tbs, "source": src.source}
+            if source_gpu not in summary["sources"]:  # one GPU recorded under several environments
+                summary["sources"].append(source_gpu)
         eid, fp, src, done = envs[row["env_id"]]
         if row["candidate_key"] in done:
             summary["skipped_done"] += 1
