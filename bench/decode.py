@@ -272,7 +272,8 @@ def check_memory(p: Plan, gpu_bytes: int, sm: int | None = None) -> None:
     `gpu_bytes` of GPU memory, naming the largest and what to lower."""
     need = [(job_bytes(p, j), f"{j.step} {j.layout}" + (f" page {j.page}" if j.page else "")
              + (f" table {j.table}" if j.table else "") + f" B={j.batch} ctx={j.ctx}") for j in p.jobs]
-    need += [(step_memory.baseline_bytes(p.geometry, page, b, c), f"baseline {name} page {page} B={b} ctx={c}")
+    need += [(step_memory.baseline_bytes(p.geometry, page, b, c, layers=p.geometry.num_layers),
+              f"baseline {name} page {page} B={b} ctx={c}")
              for name, b, c, page in p.baseline_jobs(sm)]
     if not need:
         return
@@ -365,7 +366,7 @@ def floor_sizes(p: Plan, sm: int | None = None) -> list[int]:
 
     sizes = {decode_bytes(Problem(p.geometry, j.layout, j.page, j.batch, j.ctx), p.rows_stored): None
              for j in p.jobs if j.step == DECODE}
-    sizes.update({call_bytes(p.geometry, b, c, page): None
+    sizes.update({p.geometry.num_layers * call_bytes(p.geometry, b, c, page): None
                   for _, b, c, page in p.baseline_jobs(sm)})
     return list(sizes)
 
@@ -470,11 +471,10 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
             rows.append(row)
             echo(f"[{n}/{total}] {_describe(row)}")
         for n, (name, batch, ctx, page) in enumerate(base_jobs, len(p.jobs) + 1):
-            g1 = p.geometry.with_(num_layers=1)
-            cand = Candidate(Problem(g1, "paged", page, batch, ctx), name, (), None,
+            cand = Candidate(Problem(p.geometry, "paged", page, batch, ctx), name, (), None,
                              p.preset).sustained(p.sustain_s, p.sustain_load)
-            result = measure_baseline(name, p.geometry, page, batch, ctx, reps=p.reps, sustain_s=p.sustain_s,
-                                      sustain_load=p.sustain_load)
+            result = measure_baseline(name, p.geometry, page, batch, ctx, layers=p.geometry.num_layers,
+                                      reps=p.reps, sustain_s=p.sustain_s, sustain_load=p.sustain_load)
             db.add_result(result_row(cand, baseline_db_result(result), env_id, sweep_id, "bench"))
             row = _baseline_row(p, cand, result)
             rows.append(row)
@@ -495,23 +495,18 @@ def _pick_problem(p: Plan, job: Job):
     return Problem(p.geometry, job.layout, job.page, job.batch, ctx)
 
 
-# The whole-step latency columns: a baseline has none (it runs one layer's attention, no store).
+# The whole-step latency columns: a baseline has none (it runs the layers' attention, no store).
 STEP_LATENCY = ("median_us", "p10_us", "p90_us", "mean_us", "min_us", "repeat_median_us")
 
 
 def baseline_db_result(result: dict) -> dict:
     """A baseline's database columns: its time goes into attention_median_us/p10/p90 only, with
-    median_us (the step latency, which kernels.dispatch and tuner export rank by) left NULL, so a
-    one-layer attention-only row can never outrank a whole step of a registry backend."""
+    median_us (the step latency, which kernels.dispatch and tuner export rank by) left NULL, so an
+    attention-only row can never outrank a whole step of a registry backend."""
     row = {k: v for k, v in result.items() if k not in STEP_LATENCY}
     if row.get("status") == "ok":
-        row["reason"] = "baseline: one layer's attention only (attention_* columns); no step latency"
+        row["reason"] = "baseline: the layers' attention only (attention_* columns); no step latency"
     return row
-
-
-_SCALED = ("median_us", "p10_us", "p90_us", "mean_us", "min_us", "repeat_median_us",
-           "attention_median_us", "attention_p10_us", "attention_p90_us", "bytes_moved", "kv_bytes",
-           "read_floor_us")
 
 
 def _output_row(p: Plan, job: Job, cand, result: dict, note: str) -> dict:
@@ -527,20 +522,22 @@ def _output_row(p: Plan, job: Job, cand, result: dict, note: str) -> dict:
 
 
 def _baseline_row(p: Plan, cand, result: dict) -> dict:
-    """The baseline in step terms: one layer's attention times the layer count (no store)."""
+    """The baseline in step terms: every layer's attention in one call (no store)."""
     L = p.geometry.num_layers
     pr = cand.problem
     row = dict(step=DECODE, chunk=None, preset=p.label, impl_option=cand.impl, impl=cand.impl,
                params=json.dumps(cand.params_dict, sort_keys=True),
-               impl_note=f"baseline: attention only, 1 layer measured x {L} layers, no store",
+               impl_note=f"baseline: attention only, {L} layers in one graph (one plan), no store",
                layout="paged", page_size=pr.page_size, batch=pr.batch, ctx=pr.ctx_len, accepted=None,
-               rows_stored=None, layers=L, scope=f"attention x{L}")
+               rows_stored=None, layers=L, scope=baseline_scope(L))
     row.update(result)
-    for k in _SCALED:
-        if row.get(k) is not None:
-            row[k] = row[k] * L
     row["syncs"] = sync_count(row)
     return row
+
+
+def baseline_scope(layers: int) -> str:
+    """What a baseline row's time covers: the attention of `layers` layers, no store."""
+    return f"attention, {layers} layer{'s' if layers != 1 else ''}"
 
 
 def _describe(row: dict) -> str:

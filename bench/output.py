@@ -172,7 +172,7 @@ def _impl(r: dict) -> str:
 # set fits a 120-column terminal.
 TABLE_COLUMNS = (
     ("step", "left", lambda r: r["step"] + (f" {_ctx(r['chunk'])}" if r.get("chunk") else ""), None),
-    ("impl", "left", lambda r: _impl(r) + (f" (attn x{r['layers']})" if r.get("scope", "step") != "step" else ""), None),
+    ("impl", "left", lambda r: _impl(r) + (" (attn only)" if r.get("scope", "step") != "step" else ""), None),
     ("layout", "left", _layout, None),
     ("B", "right", lambda r: str(r["batch"]), None),
     ("ctx", "right", lambda r: _ctx(r["ctx"]), None),
@@ -247,7 +247,7 @@ def write_json(rows: list[dict], meta: dict, settings: dict, path: Path, summary
 
 def series_label(r: dict) -> str:
     if is_baseline(r["impl"]):
-        return f"{r['impl']} page {r['page_size']} (attention x{r['layers']})"
+        return f"{r['impl']} page {r['page_size']} (attention only)"
     return f"{_impl(r)} {_layout(r)}"
 
 

@@ -76,27 +76,35 @@ def load(db_path, sm: int | None = None, preset: str | None = None) -> pd.DataFr
 
 
 def _attach_baseline(df: pd.DataFrame) -> pd.DataFrame:
-    """Baseline rows are one layer's attention: copy them onto every drafter geometry of the
-    same shape (same SM), scaled by its layer count."""
+    """Put the baseline rows beside every drafter geometry of the same shape (same SM): rows
+    measured over its layer count in one call (`bench decode`) as they are, else one layer's
+    (the attention table, and `bench decode` before it timed every layer) times its layer
+    count, labelled so: that charges the baseline a launch per layer, which a step pays once."""
     is_base = df["impl"].map(baselines.is_baseline).astype(bool)
     base, ours = df[is_base], df[~is_base]
     keys = [c for c in GEOM_COLS if c != "num_layers"]
+    shape = [c for c in ("impl", "page_size", "batch", "ctx_len", "sustain_s", "sustain_load") if c in df]
     extra = []
     for _, g in ours.drop_duplicates(["sm", *GEOM_COLS]).iterrows():
-        match = base[(base["sm"] == g["sm"]) & (base["num_layers"] == 1)]
+        match = base[base["sm"] == g["sm"]]
         for k in keys:
             same = (match[k] == g[k]).fillna(False).astype(bool) if pd.notna(g[k]) else match[k].isna()
             match = match[same]
-        if match.empty:
-            continue
-        m = match.copy()
         L = int(g["num_layers"])
-        for c in ("median_us", "p10_us", "p90_us"):  # its time is in attention_* (no step latency)
-            m[c] = m[f"attention_{c}"].fillna(m[c]) * L
-        m["num_layers"] = L
-        m["preset"] = g["preset"]
-        m["impl"] = [f"{impl} (attention x{L})" for impl in m["impl"]]
-        extra.append(m)
+        whole = match[match["num_layers"] == L].copy()
+        one = match[match["num_layers"] == 1].copy() if L != 1 else match.iloc[0:0]
+        if not whole.empty and not one.empty:  # a shape measured over all L layers needs no scaling
+            have = pd.MultiIndex.from_frame(whole[shape].astype(str))
+            one = one[~pd.MultiIndex.from_frame(one[shape].astype(str)).isin(have)]
+        for m, scale, label in ((whole, 1, "attention only"), (one, L, f"attention, 1 layer x{L}")):
+            if m.empty:
+                continue
+            for c in ("median_us", "p10_us", "p90_us"):  # its time is in attention_* (no step latency)
+                m[c] = m[f"attention_{c}"].fillna(m[c]) * scale
+            m["num_layers"] = L
+            m["preset"] = g["preset"]
+            m["impl"] = [f"{impl} ({label})" for impl in m["impl"]]
+            extra.append(m)
     return pd.concat([ours, *extra], ignore_index=True) if extra else ours.reset_index(drop=True)
 
 

@@ -2,7 +2,9 @@
 
 Each baseline attends the drafter block over the same geometry, batch and context, on data of
 its own layout (the block's K/V appended to the request's pages, as those libraries expect), and
-exposes `run()` (graph-capturable, no host sync), `kv_bytes` and `label`:
+exposes `run()` (graph-capturable, no host sync), `kv_bytes` and `label`. Built with `layers=L`
+it holds L layers' pages and queries under one plan, and `run()` attends every layer back to back,
+as a serving step runs them (what `bench decode` times beside a whole step):
 
   flashinfer-fa2        FlashInfer's BatchPrefillWithPagedKVCacheWrapper planned for this exact
                         shape (its per-shape plan: its strongest kernel choice)
@@ -61,10 +63,13 @@ def reason(name: str, geometry: Geometry, page_size: int, sm: int | None = None)
 
 class _AppendedPages:
     """Random HND pages holding each request's context followed by the block's own rows, in a
-    random page order, plus the block queries: the data every baseline attends."""
+    random page order, plus the block queries: the data every baseline attends, for each of
+    `layers` layers (one page order, so one plan serves them all)."""
 
     def __init__(self, geometry: Geometry, page_size: int, ctx_lens: list[int], device,
-                 generator: torch.Generator | None):
+                 generator: torch.Generator | None, layers: int = 1):
+        if layers < 1:
+            raise ValueError(f"layers must be at least 1, got {layers}")
         g = geometry
         gen = generator or torch.Generator().manual_seed(0)
         qb = g.block_size
@@ -74,11 +79,11 @@ class _AppendedPages:
         self.order = torch.randperm(num_pages, generator=gen).to(torch.int32)
         shape = (num_pages, g.num_kv_heads, page_size, g.head_dim)
         # drawn on the device from seeds of `gen` (GBs at long contexts would take minutes on the CPU)
-        self.k_pages = _randn(shape, g, device, gen)
-        self.v_pages = _randn(shape, g, device, gen)
-        self.q = _randn((len(ctx_lens) * qb, g.num_q_heads, g.head_dim), g, device, gen)
-        self.kv_bytes = kv_bytes(sum(self.kv_lens), g.num_kv_heads, g.head_dim, 1,
-                                 self.k_pages.element_size())
+        q_shape = (len(ctx_lens) * qb, g.num_q_heads, g.head_dim)
+        self.layers = [(_randn(q_shape, g, device, gen), (_randn(shape, g, device, gen), _randn(shape, g, device, gen)))
+                       for _ in range(layers)]  # (queries, (K pages, V pages)) of each layer
+        self.kv_bytes = kv_bytes(sum(self.kv_lens), g.num_kv_heads, g.head_dim, layers,
+                                 self.layers[0][0].element_size())
         self.workspace = torch.zeros(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
     def block_table(self) -> torch.Tensor:
@@ -97,12 +102,13 @@ class FlashInferPaged(_AppendedPages):
     builds the CUDA-graph plan (use_cuda_graph=True) instead of the per-shape plan."""
 
     def __init__(self, geometry: Geometry, page_size: int, ctx_lens: list[int], device,
-                 generator: torch.Generator | None = None, graph: bool = False, backend: str = "fa2"):
+                 generator: torch.Generator | None = None, graph: bool = False, backend: str = "fa2",
+                 layers: int = 1):
         if geometry.mask != "full":
             raise ValueError("the FlashInfer baseline covers mask='full' only")
         import flashinfer
 
-        super().__init__(geometry, page_size, ctx_lens, device, generator)
+        super().__init__(geometry, page_size, ctx_lens, device, generator, layers)
         g = geometry
         self.label = FA2_GRAPH if graph else FA2
         qb, batch = g.block_size, len(ctx_lens)
@@ -120,7 +126,10 @@ class FlashInferPaged(_AppendedPages):
                           kv_data_type=g.torch_dtype)
 
     def run(self) -> torch.Tensor:
-        return self.wrapper.run(self.q, (self.k_pages, self.v_pages))
+        """Every layer's attention; the last layer's output."""
+        for q, kv in self.layers:
+            out = self.wrapper.run(q, kv)
+        return out
 
 
 class TrtllmXqa(_AppendedPages):
@@ -130,10 +139,10 @@ class TrtllmXqa(_AppendedPages):
     label = XQA
 
     def __init__(self, geometry: Geometry, page_size: int, ctx_lens: list[int], device,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, layers: int = 1):
         if geometry.mask != "full":
             raise ValueError("the XQA baseline covers mask='full' only")
-        super().__init__(geometry, page_size, ctx_lens, device, generator)
+        super().__init__(geometry, page_size, ctx_lens, device, generator, layers)
         g = geometry
         qb = g.block_size
         self.block_tables = self.block_table().to(device)
@@ -145,21 +154,26 @@ class TrtllmXqa(_AppendedPages):
         self.qb = qb
 
     def run(self) -> torch.Tensor:
+        """Every layer's attention; the last layer's output."""
         from flashinfer.decode import trtllm_batch_decode_with_kv_cache
 
-        return trtllm_batch_decode_with_kv_cache(
-            self.q, (self.k_pages, self.v_pages), self.workspace, self.block_tables, self.seq_lens,
-            self.max_seq_len, bmm1_scale=self.scale, bmm2_scale=1.0, kv_layout="HND",
-            q_len_per_req=self.qb, mask=self.mask)  # FlashInfer picks XQA on SM90/SM120
+        for q, kv in self.layers:
+            out = trtllm_batch_decode_with_kv_cache(
+                q, kv, self.workspace, self.block_tables, self.seq_lens, self.max_seq_len,
+                bmm1_scale=self.scale, bmm2_scale=1.0, kv_layout="HND", q_len_per_req=self.qb,
+                mask=self.mask)  # FlashInfer picks XQA on SM90/SM120
+        return out
 
 
 def build(name: str, geometry: Geometry, page_size: int, ctx_lens: list[int], device,
-          generator: torch.Generator | None = None):
-    """Baseline `name` over `ctx_lens` requests (see the module docstring for the names)."""
+          generator: torch.Generator | None = None, layers: int = 1):
+    """Baseline `name` over `ctx_lens` requests, `layers` layers of them (see the module
+    docstring for the names)."""
     if name == XQA:
-        return TrtllmXqa(geometry, page_size, ctx_lens, device, generator)
+        return TrtllmXqa(geometry, page_size, ctx_lens, device, generator, layers=layers)
     if name in (FA2, FA2_GRAPH):
-        return FlashInferPaged(geometry, page_size, ctx_lens, device, generator, graph=name == FA2_GRAPH)
+        return FlashInferPaged(geometry, page_size, ctx_lens, device, generator, graph=name == FA2_GRAPH,
+                               layers=layers)
     raise ValueError(f"unknown baseline {name!r} (known: {', '.join(NAMES)})")
 
 

@@ -33,8 +33,43 @@ def test_baseline_reasons(installed, monkeypatch):
     assert "not installed" in baselines.reason(baselines.FA2, MAIN, 64)
 
 
+def test_a_baseline_of_several_layers_plans_once_and_attends_each_layer_in_one_call(monkeypatch):
+    """`bench decode` times a baseline over the step's layers in one call (one launch, as the
+    step pays): one plan, and run() attends every layer's own queries and pages in turn."""
+    import sys
+    import types
+
+    import torch
+
+    planned, ran = [], []
+
+    class Wrapper:
+        def __init__(self, workspace, layout, use_cuda_graph=False, backend="fa2", **buffers):
+            pass
+
+        def plan(self, *args, **kwargs):
+            planned.append(args)
+
+        def run(self, q, kv):
+            ran.append((q, kv))
+            return q
+
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(BatchPrefillWithPagedKVCacheWrapper=Wrapper))
+    g = MAIN.with_(num_layers=1)
+    base = baselines.build(baselines.FA2, g, 64, [100, 300], "cpu", torch.Generator().manual_seed(0), layers=3)
+    one = baselines.build(baselines.FA2, g, 64, [100, 300], "cpu", torch.Generator().manual_seed(0))
+    assert len(planned) == 2 and base.kv_bytes == 3 * one.kv_bytes
+    ran.clear()
+    out = base.run()
+    assert [id(q) for q, _ in ran] == [id(q) for q, _ in base.layers]
+    assert len({kv[0].data_ptr() for _, kv in ran}) == 3  # each layer its own pages
+    assert out is base.layers[-1][0]
+    with pytest.raises(ValueError, match="layers must be at least 1"):
+        baselines.build(baselines.FA2, g, 64, [100], "cpu", layers=0)
+
+
 def test_is_baseline_knows_relabelled_rows():
-    assert baselines.is_baseline("flashinfer-fa2") and baselines.is_baseline("trtllm-xqa (attention x5)")
+    assert baselines.is_baseline("flashinfer-fa2") and baselines.is_baseline("trtllm-xqa (attention only)")
     assert not baselines.is_baseline("cupy") and not baselines.is_baseline("flashinfer-fa3")
 
 
@@ -132,7 +167,7 @@ def test_bench_table_fits_120_columns_and_wide_shows_everything():
     from rich.console import Console
 
     rows = [_row(), _row(layout="arena", page_size=None),
-            _row(impl="flashinfer-fa2-graph", impl_option="flashinfer-fa2-graph", scope="attention x5"),
+            _row(impl="flashinfer-fa2-graph", impl_option="flashinfer-fa2-graph", scope="attention, 5 layers"),
             _row(status="failed_runtime", reason="CUDA error: an illegal memory access was encountered")]
     narrow = Console(file=io.StringIO(), width=120, record=True)
     output.print_table(rows, "t", narrow)

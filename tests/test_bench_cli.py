@@ -327,8 +327,11 @@ def _fake_context(wire, chunk, reps=0):
     return row
 
 
-def _fake_baseline(name, geometry, page, batch, ctx, reps=0, sustain_s=0.0, sustain_load="self"):
-    return dict(status="ok", median_us=7.0, p10_us=6.5, p90_us=8.0, attention_median_us=7.0, read_floor_us=2.0)
+def _fake_baseline(name, geometry, page, batch, ctx, layers=1, reps=0, sustain_s=0.0, sustain_load="self"):
+    """A baseline whose calls cost 4 us of launch and 6 us a layer."""
+    us = 4.0 + 6.0 * layers
+    return dict(status="ok", median_us=us, p10_us=us - 0.5, p90_us=us + 1.0, attention_median_us=us,
+                read_floor_us=2.0 * layers)
 
 
 def _apply_fakes(mp) -> None:
@@ -388,13 +391,13 @@ def test_decode_faked_csv_rows(faked_decode):
     assert (ours.rows_stored.round(3) == 4.4).all() and (ours.accepted == 3.4).all()
 
 
-def test_decode_faked_csv_baseline_is_one_layer_times_layers(faked_decode):
+def test_decode_faked_csv_baseline_times_every_layer_in_one_call(faked_decode):
     df = faked_decode.df
     base = df[df.impl == "flashinfer-fa2"]
-    # the baseline: one layer's attention x 5 layers, labelled
-    assert (base.median_us == 35.0).all() and (base.scope == "attention x5").all()
+    # the baseline: 5 layers' attention in one call (one launch), as measured: not one layer x 5
+    assert (base.median_us == 4.0 + 5 * 6.0).all() and (base.scope == "attention, 5 layers").all()
     assert (base.read_floor_us == 10.0).all()  # the floor of the same five layers' bytes
-    assert base.impl_note.str.contains("1 layer measured x 5 layers").all()
+    assert base.impl_note.str.contains("5 layers in one graph").all()
 
 
 def test_decode_faked_csv_kv_memory_model(faked_decode):
@@ -421,16 +424,16 @@ def test_decode_faked_database_rows(faked_decode):
         rows = pdb.query("SELECT impl, layout, num_layers, accepted, sweep_id, worker FROM results")
     assert len(rows) == len(faked_decode.df)
     assert {r["worker"] for r in rows} == {"bench"} and all(r["sweep_id"].startswith("bench-decode-") for r in rows)
-    assert {r["num_layers"] for r in rows if r["impl"] == "flashinfer-fa2"} == {1}
+    assert {r["num_layers"] for r in rows if r["impl"] == "flashinfer-fa2"} == {5}
     assert {round(r["accepted"], 3) for r in rows if r["impl"] == "cupy"} == {4.4}
 
 
 def test_decode_faked_database_baseline_has_no_step_latency(faked_decode):
     with ProfileDB(faked_decode.db, create=False) as pdb:
         base_db = pdb.query("SELECT median_us, attention_median_us, reason FROM results WHERE impl = 'flashinfer-fa2'")
-    # no step latency for the baseline (dispatch ranks by it): its one layer is in attention_*
-    assert all(r["median_us"] is None and r["attention_median_us"] == 7.0 for r in base_db)
-    assert "one layer's attention only" in base_db[0]["reason"]
+    # no step latency for the baseline (dispatch ranks by it): its layers' attention is in attention_*
+    assert all(r["median_us"] is None and r["attention_median_us"] == 34.0 for r in base_db)
+    assert "the layers' attention only" in base_db[0]["reason"]
 
 
 def test_report_from_faked_decode(faked_decode, fake_bench, tmp_path, capsys):
@@ -439,7 +442,7 @@ def test_report_from_faked_decode(faked_decode, fake_bench, tmp_path, capsys):
     md = (rep / "report.md").read_text()
     assert "## SM 90, NVIDIA H200: qwen3-8b-dflash-b16" in md
     assert "| decode | cupy | 64 | 0.5 |" in md
-    assert "flashinfer-fa2 (attention x5) page 64" in md
+    assert "flashinfer-fa2 (attention only) page 64" in md
     assert (rep / "report-sm90-qwen3-8b-dflash-b16.png").stat().st_size > 0
     assert _err(capsys, ["report", "--db", str(db), "--sm", "100"]).count("no measured (ok) results for SM 100") == 1
 
@@ -502,7 +505,7 @@ def test_report_sections_per_geometry(faked_decode, fake_bench, tmp_path):
     assert md.count("## SM 90, NVIDIA H200") == 3
     assert "## SM 90, NVIDIA H200: dflash2-w2048 (32/8 d128 b16 sliding2048 L5 bf16)" in md
     assert "## SM 90, NVIDIA H200: 16/4 d128 b16 full L2 bf16" in md
-    assert "flashinfer-fa2 (attention x2)" in md  # the baseline of the custom full-mask geometry
+    assert "flashinfer-fa2 (attention only)" in md  # the baseline of the custom full-mask geometry
     assert len(list(rep.glob("report-sm90-*.png"))) == 3
     assert cli.main(["report", "--db", str(db), "--preset", "dflash2-w2048", "--out", str(tmp_path / "r2")]) == 0
     assert (tmp_path / "r2" / "report.md").read_text().count("## SM 90") == 1
@@ -536,7 +539,7 @@ def test_decode_sustained_regime_times_and_records_sustained(fake_bench, monkeyp
         seen.append(wire["sustain_s"])
         return _fake_decode(wire)
 
-    def base(name, geometry, page, batch, ctx, reps=0, sustain_s=0.0, sustain_load="self"):
+    def base(name, geometry, page, batch, ctx, layers=1, reps=0, sustain_s=0.0, sustain_load="self"):
         seen.append(sustain_s)
         return _fake_baseline(name, geometry, page, batch, ctx)
 
@@ -560,7 +563,7 @@ def test_decode_under_a_co_runners_load(fake_bench, monkeypatch, tmp_path, capsy
         seen.append((wire["sustain_s"], wire["sustain_load"]))
         return _fake_decode(wire)
 
-    def base(name, geometry, page, batch, ctx, reps=0, sustain_s=0.0, sustain_load="self"):
+    def base(name, geometry, page, batch, ctx, layers=1, reps=0, sustain_s=0.0, sustain_load="self"):
         seen.append((sustain_s, sustain_load))
         return _fake_baseline(name, geometry, page, batch, ctx)
 
@@ -666,9 +669,9 @@ def test_decode_times_every_step_floor_before_any_measurement(monkeypatch, tmp_p
         events.append(("measure", wire["problem"]["batch"]))
         return _fake_decode(wire, reps, nsys)
 
-    def baseline(name, geometry, page, batch, ctx, reps=0, sustain_s=0.0, sustain_load="self"):
+    def baseline(name, geometry, page, batch, ctx, layers=1, reps=0, sustain_s=0.0, sustain_load="self"):
         events.append(("baseline", batch))
-        return _fake_baseline(name, geometry, page, batch, ctx, reps)
+        return _fake_baseline(name, geometry, page, batch, ctx, layers, reps)
 
     monkeypatch.setattr(decode, "default_measures", lambda: (measure, _fake_context, baseline))
     monkeypatch.setattr(decode, "default_floor", lambda: lambda nbytes: events.append(("floor", nbytes)))
@@ -683,7 +686,7 @@ def test_decode_times_every_step_floor_before_any_measurement(monkeypatch, tmp_p
     stored = decode.rows_stored_for(3.4, g.block_size)  # what each step stores: the accepted + 1
     want = {decode_bytes(Problem(g, layout, page, b, 2048), stored)
             for b in (1, 8) for layout, page in (("paged", 64), ("arena", None))}
-    want |= {call_bytes(g, b, 2048, 64) for b in (1, 8)}  # one layer's attention
+    want |= {g.num_layers * call_bytes(g, b, 2048, 64) for b in (1, 8)}  # every layer's attention
     assert sorted(n for kind, n in events if kind == "floor") == sorted(want)
 
 
@@ -702,3 +705,27 @@ def test_decode_goes_on_when_a_floor_fails_first(monkeypatch, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "not timed first: RuntimeError: CUDA out of memory" in out
     assert len(pd.read_csv(tmp_path / "out" / "decode.csv")) == 2  # paged and arena
+
+
+def test_report_takes_a_baseline_measured_over_every_layer_before_one_layer_scaled(tmp_path):
+    """A baseline measured over the step's layers in one call stands as measured; one layer's
+    row (the attention table's, or bench decode's before 2026-12-04) stands in, times the layer
+    count and labelled so, only for a shape that has none."""
+    from profile_fakes import H200, MAIN, build_db
+
+    from drafter_attn.bench import report
+
+    one = MAIN.with_(num_layers=1)
+    base = dict(impl="flashinfer-fa2", median_us=None)
+    rows = [dict(batch=1, ctx=2048, median_us=50.0), dict(batch=8, ctx=2048, median_us=90.0),
+            dict(base, batch=1, ctx=2048, attention_median_us=40.0),  # 5 layers in one call
+            dict(base, batch=1, ctx=2048, geometry=one, attention_median_us=10.0),  # left out
+            dict(base, batch=8, ctx=2048, geometry=one, attention_median_us=15.0)]  # x5
+    db = tmp_path / "p.db"
+    build_db(db, {"h": (H200, rows)})
+    df = report.load(db)
+    fa2 = df[df["impl"].str.startswith("flashinfer-fa2")].set_index("batch")
+    assert len(fa2) == 2
+    assert fa2.loc[1, "impl"] == "flashinfer-fa2 (attention only)" and fa2.loc[1, "median_us"] == 40.0
+    assert fa2.loc[8, "impl"] == "flashinfer-fa2 (attention, 1 layer x5)" and fa2.loc[8, "median_us"] == 75.0
+    assert set(fa2["num_layers"]) == {5}

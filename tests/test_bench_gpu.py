@@ -104,8 +104,8 @@ def test_sm_mismatch_on_this_gpu(tmp_path, capsys):
 
 @pytest.mark.skipif(not flashinfer_available(), reason="FlashInfer is not installed")
 def test_bench_decode_with_every_baseline(tmp_path, capsys):
-    """Both FlashInfer plans and XQA beside the kernels, labelled, each one layer x layers, with
-    the read floor of its bytes."""
+    """Both FlashInfer plans and XQA beside the kernels, labelled, each timed over every layer in
+    one call, with the read floor of its bytes."""
     out = tmp_path / "out"
     rc = cli.main(["decode", *SMALL, "--batch", "2", "--ctx", "1k", "--page", "16", "--impl", "cupy",
                    "--baseline", "flashinfer-fa2,flashinfer-fa2-graph,trtllm-xqa", "--reps", "20",
@@ -115,7 +115,7 @@ def test_bench_decode_with_every_baseline(tmp_path, capsys):
     df = pd.read_csv(out / "decode.csv")
     for name in ("flashinfer-fa2", "flashinfer-fa2-graph"):
         base = df[df.impl == name]
-        assert len(base) == 1 and base.status.iloc[0] == "ok" and base.scope.iloc[0] == "attention x2"
+        assert len(base) == 1 and base.status.iloc[0] == "ok" and base.scope.iloc[0] == "attention, 2 layers"
         assert base.read_floor_us.iloc[0] > 0
     xqa = df[df.impl == "trtllm-xqa"]
     assert len(xqa) == 1  # a row, ok or with its failure's reason

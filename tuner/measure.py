@@ -113,11 +113,13 @@ def time_step(step, reps: int = 0, eager: bool = False, sustain_s: float = 0.0,
     return row
 
 
-def measure_baseline(name: str, geometry, page: int, batch: int, ctx: int, *, reps: int = 0,
-                     seed: int = 0, sustain_s: float = 0.0, sustain_load: str = "") -> dict:
-    """Baseline `name` (kernels.baselines) over `batch` requests of `ctx` tokens: ONE layer's
-    attention (no store), timed as a step is, with its host syncs. Never raises; its time goes
-    into the attention columns too, so that it sits beside the kernels' attention halves."""
+def measure_baseline(name: str, geometry, page: int, batch: int, ctx: int, *, layers: int = 1,
+                     reps: int = 0, seed: int = 0, sustain_s: float = 0.0, sustain_load: str = "") -> dict:
+    """Baseline `name` (kernels.baselines) over `batch` requests of `ctx` tokens: the attention
+    (no store) of `layers` layers back to back in one call, each with its own pages, timed as a
+    step is, with its host syncs. Several layers in one graph pay the launch once, as a step
+    does; one layer's time times L would charge it L launches. Never raises; its time goes into
+    the attention columns too, so that it sits beside the kernels' attention halves."""
     import torch
 
     from drafter_attn.kernels import baselines
@@ -128,14 +130,15 @@ def measure_baseline(name: str, geometry, page: int, batch: int, ctx: int, *, re
     row: dict = {}
     base = None
     try:
-        base = baselines.build(name, g1, page, [ctx] * batch, "cuda", torch.Generator().manual_seed(seed))
-        row, _ = time_fn(base.run, roofline.call_bytes(g1, batch, ctx, page), reps, sustain_s=sustain_s,
-                         sustain_load=sustain_load)
+        base = baselines.build(name, g1, page, [ctx] * batch, "cuda", torch.Generator().manual_seed(seed),
+                               layers=layers)
+        row, _ = time_fn(base.run, layers * roofline.call_bytes(g1, batch, ctx, page), reps,
+                         sustain_s=sustain_s, sustain_load=sustain_load)
         row.update(attention_median_us=row["median_us"], attention_p10_us=row["p10_us"],
                    attention_p90_us=row["p90_us"], kv_bytes=base.kv_bytes)
         report = syncs.detect_syncs(base.run, graph=False)
         report.notes[:] = [n for n in report.notes if n != syncs.NSYS_NOT_ASKED]
-        report.notes.append(f"{name} baseline: one layer's attention, no store")
+        report.notes.append(f"{name} baseline: {layers} layer(s)' attention in one call, no store")
         row.update(report.as_row(), graph_capturable=True, status="ok", reason=None)
     except Exception as exc:
         row = dict(zip(("status", "reason"), failure(exc)))

@@ -98,11 +98,11 @@ def measurement_bytes(geometry, layout: str, page_size: int | None, batch: int, 
     return caches + max(check, floor) + partials + _OVERHEAD_BYTES
 
 
-def baseline_bytes(geometry, page_size: int, batch: int, ctx: int) -> int:
-    """Peak GPU bytes of measuring a baseline (kernels.baselines: one layer's pages holding the
-    context and the block, its workspace) and its read floor."""
+def baseline_bytes(geometry, page_size: int, batch: int, ctx: int, layers: int = 1) -> int:
+    """Peak GPU bytes of measuring a baseline (kernels.baselines: `layers` layers' pages holding
+    the context and the block, its workspace) and its read floor (a buffer of the same bytes)."""
     from drafter_attn.kernels.baselines import _WORKSPACE_BYTES
 
     pages = footprint.paged_kv_bytes(geometry.with_(num_layers=1), batch, ctx + geometry.block_size,
                                      page_size)
-    return 2 * pages + _WORKSPACE_BYTES + _OVERHEAD_BYTES
+    return 2 * layers * pages + _WORKSPACE_BYTES + _OVERHEAD_BYTES
