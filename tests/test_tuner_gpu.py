@@ -43,6 +43,23 @@ def test_step_checks_and_replays_in_a_graph(layout):
         assert torch.equal(a, b)
 
 
+def test_peak_bytes_are_the_steps_own():
+    """What was live before a step was built (the L2 flush's buffer, another measurement's
+    tensors) is not in its peak_bytes, and the shared registry backend keeps no plans of it."""
+    from drafter_attn.kernels import registry
+
+    c = Candidate(_problem(batch=1, ctx=2048), "cupy", (), 12.0, "main")
+    measure.measure_candidate(c.to_wire(), reps=30)  # the process's lazy allocations (cuBLAS) first
+    alone = measure.measure_candidate(c.to_wire(), reps=30)
+    held = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    beside = measure.measure_candidate(c.to_wire(), reps=30)
+    del held
+    assert alone["status"] == beside["status"] == "ok"
+    assert abs(beside["peak_bytes"] - alone["peak_bytes"]) <= 2 << 20  # not the 256 MB held
+    assert alone["peak_bytes"] >= alone["kv_bytes"] > 0
+    assert not registry.get("cupy")._plans  # the step bound its own copy
+
+
 def test_latency_harness():
     step = DecodeStep(_problem(batch=4, ctx=4096), "cupy")
     step.check()

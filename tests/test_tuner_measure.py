@@ -138,9 +138,12 @@ def test_a_timing_records_the_sm_clock_sampled_while_it_runs(monkeypatch):
 
 def test_work_between_replays_runs_outside_the_events(monkeypatch):
     """`_each_timed(between=...)`: the other work runs once before each replay, after the
-    previous replay's end event and before the next start event, so it is never timed."""
+    previous replay's end event and before the next start event, so it is never timed; the L2
+    is flushed after it even where the step alone would not be (its dirty lines would be
+    written back inside the next replay's events)."""
     from drafter_attn.tuner import timing
 
+    monkeypatch.setattr(timing, "flush_l2", lambda: order.append("flush"))
     monkeypatch.setattr(timing.torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(timing.time, "sleep", lambda s: None)
@@ -156,8 +159,11 @@ def test_work_between_replays_runs_outside_the_events(monkeypatch):
     monkeypatch.setattr(_FakeEvent, "record", traced_record)
     t = timing._each_timed(lambda: order.append("call"), reps=3, cold_l2=False,
                            between=lambda: order.append("load"))
-    assert order == ["load", "event", "call", "event"] * 3
+    assert order == ["load", "flush", "event", "call", "event"] * 3
     assert t.count == 3 and t.median_us == 500.0
+    order.clear()
+    timing._each_timed(lambda: order.append("call"), reps=2, cold_l2=False)
+    assert order == ["event", "call", "event"] * 2  # no other work: no flush where none was asked
 
 
 def test_sustain_calls_back_to_back_for_the_time_asked(monkeypatch):
@@ -182,6 +188,7 @@ def test_a_co_runner_holds_the_load_and_runs_between_replays(monkeypatch):
     monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(timing.time, "sleep", lambda s: None)
     monkeypatch.setattr(timing, "sm_clock_mhz", lambda: None)
+    monkeypatch.setattr(timing, "flush_l2", lambda: None)
 
     class Graph:
         replays = 0

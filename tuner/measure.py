@@ -212,7 +212,7 @@ def measure_step(wire: dict, make_step, *, reps: int = 0, nsys: bool = False,
     import torch
 
     from drafter_attn.kernels import registry
-    from drafter_attn.tuner import memory, syncs
+    from drafter_attn.tuner import memory, syncs, timing
     from drafter_attn.tuner.spec import Candidate
 
     t0 = time.perf_counter()
@@ -224,6 +224,8 @@ def measure_step(wire: dict, make_step, *, reps: int = 0, nsys: bool = False,
         reason = registry.supports(backend.with_params(**c.params_dict), c.problem, _device_sm())
         if reason:
             return dict(status="unsupported", reason=reason, elapsed_s=time.perf_counter() - t0)
+        timing.flush_buffer_bytes()  # the timings' L2 flush buffer, allocated before `outside`
+        outside = torch.cuda.memory_allocated()  # live before the step: not its memory
         step = make_step(c, backend)
         # A reference that stalls the host on purpose (reference-syncing) cannot be captured:
         # it is timed eagerly, and its capture is tried to show that it fails.
@@ -235,7 +237,7 @@ def measure_step(wire: dict, make_step, *, reps: int = 0, nsys: bool = False,
             row["rel_err"] = step.check()
         row.update(time_step(step, reps, eager=bool(stalls), sustain_s=c.sustain_s,
                              sustain_load=c.sustain_load))
-        row.update(memory.measure_step_memory(step.run, step.kv_bytes).as_dict())
+        row.update(memory.measure_step_memory(step.run, step.kv_bytes, outside=outside).as_dict())
         # Otherwise the step was captured above, so the capture layer is known to pass.
         report = syncs.detect_syncs(step.run, graph=bool(stalls), nsys_candidate=wire if nsys else None)
         if nsys_note:

@@ -37,21 +37,24 @@ class StepMemory:
     workspace_bytes: int  # allocated during the step beyond what was live before it (outputs,
     #                       any scratch; the cupy/cutlass split-KV partials are kept per plan and
     #                       stream from the warm-up on, so they show in peak_bytes only)
-    peak_bytes: int  # the allocator's peak during the step (everything live, K/V included)
+    peak_bytes: int  # the allocator's peak during the step: everything the step holds, K/V
+    #                  included (not what was live before it was built: the L2 flush's buffer)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def measure_step_memory(fn, kv_bytes: int, device=None) -> StepMemory:
-    """Run `fn` once eagerly (after a warm-up elsewhere) and read torch's allocator around it."""
+def measure_step_memory(fn, kv_bytes: int, device=None, outside: int = 0) -> StepMemory:
+    """Run `fn` once eagerly (after a warm-up elsewhere) and read torch's allocator around it.
+    `outside`: bytes that were live before the step was built and are not its own (the L2
+    flush's buffer, what earlier measurements of the process keep), left out of the peak."""
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
     fn()
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device)
-    return StepMemory(kv_bytes, peak - before, peak)
+    return StepMemory(kv_bytes, peak - before, peak - outside)
 
 
 # ---------------------------------------------------------------------------------------------

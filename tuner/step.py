@@ -117,7 +117,9 @@ class DecodeStep:
         # The host-side bound an engine knows: the committed length plus the rows stored.
         self.max_ctx = problem.ctx_len + self.store_rows if max_ctx_hint else None
         impl = registry.get(backend) if isinstance(backend, str) else backend
-        self.backend = impl.with_params(**params) if params else impl
+        # always a bound copy: its plans (split workspaces) are this step's and go with it, where
+        # the registry's shared instance would keep every measured problem's for the process
+        self.backend = impl.with_params(**(params or {}))
         self.params = dict(params or {})
         self.device = torch.device(device)
         self.seed = seed

@@ -86,6 +86,14 @@ def steady(time_once, retries: int = RETRIES, spread: float = NOISY_SPREAD) -> T
     return best
 
 
+def flush_buffer_bytes(device_index: int | None = None) -> int:
+    """The L2 flush's buffer on the device, allocated now if it was not: what a measurement
+    of memory leaves out (it lives for the process, outside any step)."""
+    index = torch.cuda.current_device() if device_index is None else device_index
+    buf = _flush_buffer(index)
+    return buf.numel() * buf.element_size()
+
+
 @functools.cache
 def _flush_buffer(device_index: int) -> torch.Tensor:
     l2 = torch.cuda.get_device_properties(device_index).L2_cache_size or (64 << 20)
@@ -194,8 +202,11 @@ def time_eager(fn, reps: int = 100, warmup: int = 3, cold_l2: bool = True,
 def _each_timed(call, reps: int, cold_l2: bool, between=None) -> Timing:
     """`call()` `reps` times, each alone between two CUDA events (the L2 evicted before each when
     `cold_l2`); one synchronisation at the end, the SM clock sampled while waiting for it.
-    `between()`, where given, runs before each replay's flush, outside the events: other work
-    the GPU does between two calls (scripts/diag_coload.py: a target model's load)."""
+    `between()`, where given, runs before each replay, outside the events: other work the GPU
+    does between two calls (scripts/diag_coload.py: a target model's load). The L2 is then
+    flushed whatever `cold_l2` says: the co-runner leaves it full of dirty lines, whose
+    write-back would otherwise land inside the timed call (a step too large to need a flush
+    for its own data still needs one for another's)."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     clocks: list[float] = []
@@ -203,7 +214,7 @@ def _each_timed(call, reps: int, cold_l2: bool, between=None) -> Timing:
     for start, end in zip(starts, ends):
         if between is not None:
             between()
-        if cold_l2:
+        if cold_l2 or between is not None:
             flush_l2()
         start.record()
         call()
