@@ -46,7 +46,7 @@ import pandas as pd
 
 from drafter_attn.bench.options import sizes
 from drafter_attn.bench.output import markdown_table
-from drafter_attn.tuner.cli_checks import add_sustain_load, load_without_sustain, non_negative_float
+from drafter_attn.tuner.cli_checks import add_sustain_load, load_without_sustain, non_negative_float, write_whole
 from drafter_attn.tuner.sizes import parse_size
 from drafter_attn.kernels import baselines, registry
 from drafter_attn.kernels.presets import MAIN_PRESET, get_preset
@@ -347,7 +347,8 @@ def main(argv=None) -> int:
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "reason" or v}, default=str), flush=True)
             if out:
-                pd.DataFrame(rows).to_csv(out / "attention.csv", index=False)
+                # rewritten whole through a temporary file: a kill mid-write keeps the last copy
+                write_whole(out / "attention.csv", lambda tmp: pd.DataFrame(rows).to_csv(tmp, index=False))
 
         seed = 0
         for batch, ctx in points:
@@ -378,10 +379,10 @@ def main(argv=None) -> int:
                 and (c != "pick" or (df.pick != df.impl).any())]]
     print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     if out:
-        df.to_csv(out / "attention.csv", index=False)
-        (out / "attention.json").write_text(json.dumps(dict(environment=meta, rows=df.to_dict("records")),
-                                                       indent=1, default=str))
-        (out / "attention.md").write_text(
+        write_whole(out / "attention.csv", lambda tmp: df.to_csv(tmp, index=False))
+        doc = json.dumps(dict(environment=meta, rows=df.to_dict("records")), indent=1, default=str)
+        write_whole(out / "attention.json", lambda tmp: tmp.write_text(doc))
+        md = (
             f"# {args.preset} attention, {meta['gpu_name']} (sm{sm}), {meta['date']}\n\n"
             f"copy bandwidth {meta['copy_bw_gbps']:.0f} GB/s, timing fixed cost {meta['graph_fixed_us']:.2f} us, "
             f"commit {meta['commit']}\n\n`{meta['command']}`\n\n"
@@ -395,6 +396,7 @@ def main(argv=None) -> int:
                if args.sustain else "")
             + ".\n\n"
             + markdown_table(table) + "\n")
+        write_whole(out / "attention.md", lambda tmp: tmp.write_text(md))
     if args.rounds > 1:
         summary = rounds_summary(df)
         if "pick" in summary and (summary.pick == summary.impl).all():

@@ -17,7 +17,9 @@ Exit status: 0 done; 1 measured, but some measurement failed (a wrong or crashin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -216,8 +218,9 @@ def _measure_console(args):
     return console, echo
 
 
-def _run_plan(p, db, gpu, command: str, label: str, geometry, console, echo, table=None):
-    """Announce the run, measure every step into the database (closed after); (env, rows)."""
+def _run_plan(p, db, gpu, command: str, label: str, geometry, console, echo, table=None, on_row=None):
+    """Announce the run, measure every step into the database (closed after), each row so far
+    handed to `on_row`; (env, rows)."""
     from rich.markup import escape
 
     from drafter_attn.bench import decode
@@ -232,7 +235,7 @@ def _run_plan(p, db, gpu, command: str, label: str, geometry, console, echo, tab
         for note in p.notes:
             echo(note)
         # --impl auto: picks from the database given with --db, else from the runtime's table
-        return env, decode.execute(p, db, env, echo=echo, table=table)
+        return env, decode.execute(p, db, env, echo=echo, table=table, on_row=on_row)
     finally:
         db.close()
 
@@ -277,8 +280,26 @@ def _measure_exit_status(rows, p, console) -> int:
     return 1 if bad else 0
 
 
+@contextlib.contextmanager
+def _term_as_interrupt():
+    """SIGTERM (a job scheduler's or `timeout`'s stop) handled as Ctrl-C while measuring: the
+    rows measured so far are recorded and written, and the command exits 130."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread (an embedding caller): leave its handlers alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def cmd_measure(args, argv) -> int:
-    from drafter_attn.bench import decode
+    from drafter_attn.bench import decode, output
 
     command = f"bench {args.command}"
     geometry, label = opt.geometry_from_args(args)
@@ -290,7 +311,12 @@ def cmd_measure(args, argv) -> int:
     out = _out_dir(command, decode.results_dir(gpu.sm) if args.out is None else args.out)
     db = _open_db(args, command)
     console, echo = _measure_console(args)
-    env, rows = _run_plan(p, db, gpu, command, label, geometry, console, echo, table=args.db)
+    # every row on disk the moment it is measured (the whole CSV rewritten, atomically): what a
+    # kill leaves is the rows so far, where the final files below would be lost
+    partial = out / f"{args.command}.csv"
+    with _term_as_interrupt():
+        env, rows = _run_plan(p, db, gpu, command, label, geometry, console, echo, table=args.db,
+                              on_row=lambda so_far: output.write_csv(so_far, partial))
     meta = decode.run_metadata(env, argv)
     title = f"{command}: {label} on {gpu.name} (SM {gpu.sm}), {meta['date'][:10]}"
     summary = _print_results(rows, title, args, console, echo)

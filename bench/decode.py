@@ -410,9 +410,12 @@ def sync_lines(rows: list[dict]) -> list[str]:
 
 
 def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measure_baseline=None,
-            read_floor=None, echo=print, sweep_id: str | None = None, table=None) -> list[dict]:
+            read_floor=None, echo=print, sweep_id: str | None = None, table=None,
+            on_row=None) -> list[dict]:
     """Measure every job of `p` (and the baseline), recording each result in `db` the moment it
-    exists; returns the output rows (database columns plus step, label, impl_note, syncs).
+    exists, and handing the rows so far to `on_row(rows)` (the CLI's partial CSV: a row that is
+    not recorded, a --table-capacity one, is kept there); returns the output rows (database
+    columns plus step, label, impl_note, syncs).
     `--impl auto` picks from `table` (a tuned table or database; see load_dispatcher).
     `read_floor(nbytes)` (default `default_floor()`) is called for every decode step's and
     baseline row's bytes before the first measurement (`floor_sizes`)."""
@@ -470,6 +473,8 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
             row = _output_row(p, job, cand, result, note)
             rows.append(row)
             echo(f"[{n}/{total}] {_describe(row)}")
+            if on_row is not None:
+                on_row(rows)
         for n, (name, batch, ctx, page) in enumerate(base_jobs, len(p.jobs) + 1):
             cand = Candidate(Problem(p.geometry, "paged", page, batch, ctx), name, (), None,
                              p.preset).sustained(p.sustain_s, p.sustain_load)
@@ -479,6 +484,8 @@ def execute(p: Plan, db, env: dict, *, measure=None, measure_context=None, measu
             row = _baseline_row(p, cand, result)
             rows.append(row)
             echo(f"[{n}/{total}] {_describe(row)}")
+            if on_row is not None:
+                on_row(rows)
     except KeyboardInterrupt:
         p.interrupted = True
         echo(f"interrupted: keeping the {len(rows)} rows measured so far")

@@ -65,14 +65,22 @@ def load(db_path, sm: int | None = None, preset: str | None = None) -> pd.DataFr
     df = (df.sort_values(["median_us", "row_order"], na_position="last")
           .drop_duplicates(same, keep="first").sort_values("row_order"))
     df["window"] = df["window"].astype("Int64")
-    df["step"] = [f"context {a:g}" if pd.notna(a) and a > b else "decode"
-                  for a, b in zip(df["accepted"], df["block_size"])]
+    df["step"] = [step_label(a, b) for a, b in zip(df["accepted"], df["block_size"])]
     df = _attach_baseline(df)
     if preset is not None:
         df = df[df["preset"] == preset]
         if df.empty:
             raise BenchError(f"bench report: no measured results for preset {preset!r} in {db_path}")
     return df
+
+
+def step_label(accepted, block_size) -> str:
+    """A row's step: a context step of `accepted` rows, a decode step storing the whole block
+    (NULL or Qb), or one storing fewer (`bench decode --accepted`): apart in every table and
+    plot, since a step that stores fewer rows is another workload."""
+    if pd.isna(accepted) or accepted == block_size:
+        return "decode"
+    return f"context {accepted:g}" if accepted > block_size else f"decode {accepted:g} rows"
 
 
 def _attach_baseline(df: pd.DataFrame) -> pd.DataFrame:
@@ -220,7 +228,8 @@ def build(df: pd.DataFrame, out: Path, db_path) -> tuple[Path, list[Path]]:
              f"sets of one implementation for one problem, the fastest), "
              f"{df['env_id'].nunique()} environment(s).",
              "Latency is the whole drafter step (every layer: store + attention), median of CUDA graph "
-             "replays; FlashInfer rows are one layer's attention times the layer count. The goal: paged "
+             "replays; baseline rows are every layer's attention, no store (\"1 layer xL\": one layer timed "
+             "alone, times the layer count). The goal: paged "
              "within 1% of arena at page sizes 64 and 128.", ""]
     plots: list[Path] = []
     groups = df.groupby(["sm", "gpu_name", *GEOM_COLS], dropna=False, sort=True)

@@ -22,9 +22,9 @@ def row(env_id, *, geometry=MAIN, layout="paged", page=64, batch=8, ctx=2048, im
                    dtype=g.dtype, layout=layout, page_size=page if layout == "paged" else None,
                    batch=batch, ctx_len=ctx)
     params = dict(params or {})
-    out = dict(env_id=env_id, candidate_key=candidate_key(problem, None, impl, params, metrics.get("sustain_s"),
-                                                      metrics.get("sustain_load")),
-               problem_key=problem, preset="test", **problem, impl=impl, params=params,
+    key = candidate_key(problem, metrics.get("accepted"), impl, params, metrics.get("sustain_s"),
+                        metrics.get("sustain_load"))
+    out = dict(env_id=env_id, candidate_key=key, problem_key=problem, preset="test", **problem, impl=impl, params=params,
                status=status, provenance=provenance, median_us=median_us, sweep_id="sweep-1")
     out.update(metrics)
     return out

@@ -441,7 +441,7 @@ def test_report_from_faked_decode(faked_decode, fake_bench, tmp_path, capsys):
     assert cli.main(["report", "--db", str(db), "--out", str(rep)]) == 0
     md = (rep / "report.md").read_text()
     assert "## SM 90, NVIDIA H200: qwen3-8b-dflash-b16" in md
-    assert "| decode | cupy | 64 | 0.5 |" in md
+    assert "| decode 4.4 rows | cupy | 64 | 0.5 |" in md  # --accepted 3.4: 4.4 rows stored a step
     assert "flashinfer-fa2 (attention only) page 64" in md
     assert (rep / "report-sm90-qwen3-8b-dflash-b16.png").stat().st_size > 0
     assert _err(capsys, ["report", "--db", str(db), "--sm", "100"]).count("no measured (ok) results for SM 100") == 1
@@ -619,6 +619,59 @@ def test_interrupt_keeps_and_writes_the_rows_so_far(fake_bench, monkeypatch, tmp
         assert pdb.count() == 1
 
 
+def test_sigterm_keeps_and_writes_the_rows_so_far(fake_bench, monkeypatch, tmp_path, capsys):
+    """A scheduler's or `timeout`'s SIGTERM stops a measurement as Ctrl-C does: the rows so far
+    are recorded and written, exit 130, and the previous handler is back afterwards."""
+    import os
+    import signal
+
+    calls = []
+
+    def terminated(wire, reps=0, nsys=False):
+        calls.append(wire)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return _fake_decode(wire)
+
+    monkeypatch.setattr(decode, "default_measures", lambda: (terminated, _fake_context, _fake_baseline))
+    before = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "out"
+    argv = ["decode", "--batch", "1", "--ctx", "1k,2k", "--page", "64", "--baseline", "none",
+            "--db", str(tmp_path / "p.db"), "--out", str(out)]
+    assert cli.main(argv) == 130
+    assert "2 of 4 rows measured" in capsys.readouterr().out
+    assert len(pd.read_csv(out / "decode.csv")) == 2
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_every_row_is_on_disk_the_moment_it_is_measured(fake_bench, monkeypatch, tmp_path):
+    """A run that dies without any chance to clean up (here: an error no handler expects) leaves
+    decode.csv holding every row measured before it, --table-capacity rows (never recorded in
+    the database) included."""
+    calls = []
+
+    class Fatal(BaseException):
+        pass
+
+    def dies(wire, reps=0, nsys=False, **step_options):
+        calls.append(step_options)
+        if len(calls) == 3:
+            raise Fatal
+        return _fake_decode(wire)
+
+    monkeypatch.setattr(decode, "default_measures", lambda: (dies, _fake_context, _fake_baseline))
+    out = tmp_path / "out"
+    argv = ["decode", "--batch", "1", "--ctx", "1k", "--page", "64", "--baseline", "none",
+            "--table-capacity", "128k", "--db", str(tmp_path / "p.db"), "--out", str(out)]
+    with pytest.raises(Fatal):
+        cli.main(argv)
+    df = pd.read_csv(out / "decode.csv")
+    assert len(df) == 2 and set(df.status) == {"ok"}
+    assert calls[1] == {"table_capacity": 128 * 1024}
+    assert df.table_capacity.iloc[1] == 128 * 1024
+    assert not (out / "decode.json").exists()
+
+
 def test_default_results_folder(fake_bench, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert decode.results_dir(90, date=dt.date(2026, 11, 30)) == Path("results/sm90-2026-11-30")
@@ -729,3 +782,22 @@ def test_report_takes_a_baseline_measured_over_every_layer_before_one_layer_scal
     assert fa2.loc[1, "impl"] == "flashinfer-fa2 (attention only)" and fa2.loc[1, "median_us"] == 40.0
     assert fa2.loc[8, "impl"] == "flashinfer-fa2 (attention, 1 layer x5)" and fa2.loc[8, "median_us"] == 75.0
     assert set(fa2["num_layers"]) == {5}
+
+
+def test_report_keeps_steps_that_store_different_rows_apart(tmp_path):
+    """Decode steps storing the whole block and steps storing fewer rows (`--accepted`) are
+    different workloads: each keeps its own row in the latency table and its own overhead."""
+    from profile_fakes import H200, build_db
+
+    from drafter_attn.bench import report
+
+    rows = [dict(layout="arena", page=None, batch=1, ctx=2048, median_us=100.0),
+            dict(layout="paged", page=64, batch=1, ctx=2048, median_us=101.0),
+            dict(layout="arena", page=None, batch=1, ctx=2048, median_us=60.0, accepted=4.4),
+            dict(layout="paged", page=64, batch=1, ctx=2048, median_us=90.0, accepted=4.4)]
+    db = tmp_path / "p.db"
+    build_db(db, {"h": (H200, rows)})
+    df = report.load(db)
+    assert sorted(df["step"].unique()) == ["decode", "decode 4.4 rows"]
+    ov = report.overheads(df).set_index("step")["overhead_pct"]
+    assert ov["decode"] == pytest.approx(1.0) and ov["decode 4.4 rows"] == pytest.approx(50.0)
