@@ -28,6 +28,9 @@ def check_positive_int(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+MAX_WINDOW = 2**31 - 1
+
+
 def resolve_window(mask: str, window) -> int | None:
     """Validate a mask mode and its window; the window of `full` is ignored (returns None)."""
     if mask not in MASKS:
@@ -38,6 +41,10 @@ def resolve_window(mask: str, window) -> int | None:
         raise ValueError(f"window is required for mask={mask!r}")
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
         raise ValueError(f"window must be positive, got window={window!r}")
+    if window > MAX_WINDOW:  # a C int in every kernel's parameters: a larger one would wrap
+        raise ValueError(f"window={window} is over {MAX_WINDOW}, the largest the kernels take "
+                         f"(a C int); any window of at least the longest context plus the block "
+                         f"attends the same keys")
     return window
 
 

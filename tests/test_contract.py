@@ -80,6 +80,7 @@ BAD = [
     ("paged", _set(mask="sliding"), "window is required for mask='sliding'"),
     ("paged", _set(mask="sliding_causal", window=0), "window must be positive"),
     ("paged", _set(mask="sliding", window=2.5), "window must be a positive integer, got 2.5"),
+    ("paged", _set(mask="sliding", window=2**32), "window=4294967296 is over 2147483647"),
     ("paged", _set(scale=0.0), "scale must be a positive finite number"),
     ("paged", _set(scale=float("nan")), "scale must be a positive finite number"),
     ("paged", _set(ctx_lens=torch.tensor([5, 25], dtype=torch.int32)),

@@ -21,6 +21,7 @@ from drafter_attn.kernels.spec import Geometry, Problem
         (dict(mask="sliding"), "window is required for mask='sliding'"),
         (dict(mask="sliding_causal", window=0), "window must be positive"),
         (dict(mask="sliding", window=-4), "window must be positive"),
+        (dict(mask="sliding", window=2**31), "window=2147483648 is over 2147483647"),
         (dict(mask="causal"), "mask='causal' is unknown; known masks: full, sliding, sliding_causal"),
         (dict(dtype="float8"), "dtype='float8' is unknown"),
     ],
