@@ -35,6 +35,15 @@ class _Bound:
     pick: Pick
 
 
+def _empty_batch() -> _Bound:
+    """What runs a call of no requests (B=0: an engine between batches): the torch reference,
+    which returns the empty output or stores nothing, launching nothing a kernel would fault on."""
+    from drafter_attn.kernels import registry
+
+    return _Bound(registry.get("reference"),
+                  reference_pick("an empty batch (B=0): the torch reference returns its empty result"))
+
+
 class Runtime:
     """The four contract functions, each running the tuned kernel for its shapes.
 
@@ -343,6 +352,12 @@ class Runtime:
         check = contract.check_paged if layout == "paged" else contract.check_arena
         dims = check(*args, mask, window, scale, max_ctx)  # a bad input: ValueError naming it
         q = args[0]
+        if dims.batch == 0:  # nothing to pick for; not what this cache's stores should follow
+            b = _empty_batch()
+            with self._lock:
+                if key is not None:
+                    self._bound[key] = b
+            return b
         problem = Problem.from_dims(dims, dims.plan_ctx)  # the capacity, or the hint's plan
         b = self._bind_on(self._choose(problem, q.device), q.device)
         with self._lock:
@@ -371,6 +386,12 @@ class Runtime:
 
         check = contract.check_store_paged if layout == "paged" else contract.check_store_arena
         dims = check(*args)
+        if dims.batch == 0:
+            b = _empty_batch()
+            if key is not None:
+                with self._lock:
+                    self._bound[key] = b
+            return b
         g = self.geometry
         if g is not None and (g.num_kv_heads, g.head_dim) == (dims.num_kv_heads, dims.head_dim):
             g = g.with_(num_layers=1, dtype=str(dims.dtype).removeprefix("torch."))

@@ -404,6 +404,29 @@ def test_runtime_unbuildable_backend_falls_back(tmp_path, gen):
         registry.unregister("fake-broken")
 
 
+def test_runtime_serves_an_empty_batch(tmp_path, gen, fakes):
+    """B=0 (an engine between batches) is not a problem to pick for: every function returns its
+    empty result or stores nothing, and the picks for real batches of the cache are unchanged."""
+    g = small_geometry()
+    rt = Runtime(_fake_table(tmp_path, g), sm=90)
+    q, kb, vb = random_block(g, 2, "cpu", gen)
+    k_pages, v_pages, table, lens = random_paged_context(g, [5, 40], 16, "cpu", gen, extra_pages=1)
+    k_ar, v_ar, slots, alens = random_arena_context(g, [5, 40], 64, "cpu", gen)
+    none = slice(0, 0)
+    out = rt.paged_attention(q[none], kb[none], vb[none], k_pages, v_pages, table[none], lens[none])
+    assert out.shape == (0, *q.shape[1:])
+    out = rt.arena_attention(q[none], kb[none], vb[none], k_ar, v_ar, slots[none], alens[none])
+    assert out.shape == (0, *q.shape[1:])
+    empty = torch.zeros(0, dtype=torch.int32)
+    rt.store_paged(kb[none], vb[none], empty, k_pages, v_pages, table[none], lens[none])
+    rt.store_arena(kb[none], vb[none], empty, k_ar, v_ar, slots[none], alens[none])
+    assert {p.impl for p in rt.picks.values()} == {"reference"} and not fakes
+    # a real batch of the same cache still gets its pick, and its store follows it
+    rt.paged_attention(q, kb, vb, k_pages, v_pages, table, lens)
+    rt.store_paged(kb, vb, torch.tensor([1, 1], dtype=torch.int32), k_pages, v_pages, table, lens)
+    assert fakes[-2:] == [("paged_attention", {"tile": 2}), ("store_paged", {"tile": 2})]
+
+
 def test_runtime_keeps_the_contract_errors(gen):
     g = small_geometry()
     rt = Runtime(sm=90)
