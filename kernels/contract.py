@@ -485,7 +485,10 @@ def check_store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens) 
     if _check_values(k_new):
         _check_lengths(ctx_lens, cap, "k_arena", num_new, "num_new")
         _check_slots_in_range(slots, k_arena.shape[0])
-        # Two requests writing one slot would race; reading one slot twice (attention) is fine.
-        if torch.unique(slots).numel() != B:
-            raise ValueError(f"slots must be distinct for a store, got {slots.tolist()}")
+        # Two requests writing one slot would race; reading one slot twice (attention) is fine,
+        # and so are requests that write nothing (num_new 0: a padded batch's dummy slot).
+        writing = slots[num_new > 0]
+        if torch.unique(writing).numel() != writing.numel():
+            raise ValueError(f"slots must be distinct among the requests a store writes (num_new > 0), "
+                             f"got slots {slots.tolist()} with num_new {num_new.tolist()}")
     return StoreDims(B, T, Hkv, D, None, cap, k_new.dtype)

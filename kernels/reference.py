@@ -239,7 +239,8 @@ def store_arena(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens) -> Non
     Args:
         k_new, v_new: [B, T, Hkv, D]; num_new: int32 [B] in [0, T] (as for `store_paged`).
         k_arena, v_arena: [num_slots, max_ctx, Hkv, D], same dtype; written in place.
-        slots: int32 [B], distinct (two requests writing one slot would race).
+        slots: int32 [B], distinct among requests with num_new > 0 (two requests writing one
+            slot would race).
         ctx_lens: int32 [B] P_b; ctx_lens + num_new must stay <= max_ctx.
 
     Example:

@@ -133,6 +133,16 @@ def test_dims_are_resolved():
     assert (d.page_size, d.capacity, d.window, d.scale) == (None, MAX_CTX, 3, 0.5)
 
 
+def test_requests_that_store_nothing_may_share_a_slot():
+    """A padded batch points its dummy requests (num_new 0) at one slot: nothing is written
+    there, so nothing races (as the paged store, which checks only the rows it writes)."""
+    args = _store_arena()
+    args.update(slots=torch.tensor([1, 1], dtype=torch.int32), num_new=torch.tensor([3, 0], dtype=torch.int32))
+    before = args["ctx_lens"].clone()
+    reference.store_arena(**args)
+    assert (args["ctx_lens"] - before).tolist() == [3, 0]
+
+
 def test_garbage_past_the_length_is_accepted():
     """Only table columns that hold tokens must be valid page ids."""
     args = _paged()
