@@ -592,8 +592,7 @@ def gpu_matches(recorded, gpu: str, classes: Mapping) -> bool:
                for name, members in classes.items())
 
 
-def _versions_checked(entry: Entry) -> tuple:
-    impls = {c.impl for c in entry.candidates}
+def _versions_checked(impls: set) -> tuple:
     if impls <= {"reference"}:
         return ()  # the torch reference compiles nothing
     return ("nvrtc", "cutlass") if "cutlass" in impls else ("nvrtc",)
@@ -601,11 +600,21 @@ def _versions_checked(entry: Entry) -> tuple:
 
 def mismatch(entry: Entry, env: Environment, classes: Mapping) -> str | None:
     """Why `entry` does not belong to `env` (field, expected and found), or None."""
-    prov = entry.provenance
+    return _mismatch(entry.provenance, {c.impl for c in entry.candidates}, env, classes)
+
+
+def row_mismatch(row: Mapping, env: Environment) -> str | None:
+    """Why a profile database's result row was not measured where `env` runs (as `mismatch`)."""
+    prov = {"gpu": row.get("gpu_name"), "sources_hash": row.get("sources_hash"),
+            "versions": {v: row.get(v) for v in VERSION_FIELDS}}
+    return _mismatch(prov, {row.get("impl")}, env, {})
+
+
+def _mismatch(prov: Mapping, impls: set, env: Environment, classes: Mapping) -> str | None:
     if env.gpu_name is not None and not gpu_matches(prov.get("gpu"), env.gpu_name, classes):
         return (f"gpu: expected {env.gpu_name!r} (or a gpu_classes entry listing it), "
                 f"found {prov.get('gpu')!r}")
-    checked = _versions_checked(entry)
+    checked = _versions_checked(impls)
     found = prov.get("sources_hash")
     if checked and env.sources_hash is not None and found != env.sources_hash:
         short = lambda h: h[:12] if isinstance(h, str) else h  # noqa: E731 (hashes are long)
@@ -769,8 +778,15 @@ def load_table(path, *, include_predicted: bool = False, env: Environment | None
         raise TableError(f"cannot read the tuned table {path}: {exc.strerror or exc}") from None
     if head.startswith(b"SQLite format 3\x00"):
         source = f"profile database {path}" + (f" ({regime} regime)" if regime != "burst" else "")
-        raw = select_entries(read_db_rows(path), include_predicted=include_predicted, where=source,
-                             regime=regime)
+        rows = read_db_rows(path)
+        if env is not None:
+            # rows measured elsewhere (another GPU, other kernel sources) never compete: a key
+            # whose fastest row was of yesterday's sources still has today's to run
+            skipped = [(f"row {r.get('row_order')}", why) for r in rows if (why := row_mismatch(r, env))]
+            rows = [r for r in rows if not row_mismatch(r, env)]
+            warn_skipped(source, "rows", skipped,
+                         effect="measured elsewhere; each key is decided by the rows measured here")
+        raw = select_entries(rows, include_predicted=include_predicted, where=source, regime=regime)
         classes = {}
     else:
         source = f"tuned table {path}"
@@ -795,7 +811,8 @@ def load_entries(path, *, include_predicted: bool = False) -> tuple[list[Entry],
 # Warnings: one per load, each distinct reason once
 
 
-def warn_skipped(where: str, what: str, skipped: list[tuple[str, str]], stacklevel: int = 3) -> None:
+def warn_skipped(where: str, what: str, skipped: list[tuple[str, str]], stacklevel: int = 3,
+                 effect: str = "misses; the default heuristic answers for them") -> None:
     """One warning for everything a load left out: (item, why) pairs grouped by why."""
     if not skipped:
         return
@@ -803,5 +820,5 @@ def warn_skipped(where: str, what: str, skipped: list[tuple[str, str]], stacklev
     for item, why in skipped:
         groups.setdefault(why, []).append(item)
     detail = "; ".join(f"{why} ({len(items)}x, first {items[0]})" for why, items in groups.items())
-    warnings.warn(f"{where}: {len(skipped)} {what} left out (misses; the default heuristic answers "
-                  f"for them): {detail}", RuntimeWarning, stacklevel=stacklevel)
+    warnings.warn(f"{where}: {len(skipped)} {what} left out ({effect}): {detail}", RuntimeWarning,
+                  stacklevel=stacklevel)

@@ -83,11 +83,26 @@ def test_matching_entries_are_used(tmp_path):
     (Environment("NVIDIA H200", "src-a", {"nvrtc": "13.1"}), "nvrtc version", "13.1", "13.0"),
 ])
 def test_a_foreign_entry_is_a_miss_with_one_warning(tmp_path, env, field, expected, found):
-    for path in (_table(tmp_path), _db(tmp_path, name="q.db")):  # a table and a database alike
+    for path, what in ((_table(tmp_path), "entries"), (_db(tmp_path, name="q.db"), "rows")):  # alike
         d, message = _load_one_warning(path, env)
         assert f"{field}: expected {expected!r}" in message and f"found {found!r}" in message
-        assert "1 entries left out" in message
+        assert f"1 {what} left out" in message
         assert d.entries == [] and d.pick(_problem(), 90).tier == "default"
+
+
+def test_a_database_key_is_decided_by_the_rows_measured_here(tmp_path):
+    """Read directly, a profile database decides each key among the rows of this environment:
+    a faster row of yesterday's kernel sources (or another GPU) does not take the key and then
+    leave it a miss, while today's row of it was measured."""
+    path = tmp_path / "mixed.db"
+    slow = dict(geometry=G, page=16, batch=2, ctx=64, params={"tile_n": 32, "stages": 4}, median_us=12.0)
+    build_db(path, {"old": (dict(H200, sources_hash="src-old"), [dict(slow, params=FAST, median_us=8.0)]),
+                    "h100": (dict(H200, gpu_name="NVIDIA H100 80GB HBM3"), [dict(slow, median_us=7.0)]),
+                    "here": (H200, [slow])})
+    d, message = _load_one_warning(path)
+    assert "2 rows left out (measured elsewhere" in message and "sources_hash" in message
+    pick = d.pick(_problem(), 90)
+    assert pick.tier == "exact" and dict(pick.params) == slow["params"]
 
 
 def test_gpu_classes_declare_compatible_gpus(tmp_path):
