@@ -295,3 +295,32 @@ def test_version_1_database_is_migrated_keeping_its_rows(tmp_path):
                            status="failed_node_lost", reason="node left"))
         names = {r["name"] for r in db.query("SELECT name FROM sqlite_master WHERE type = 'index'")}
         assert {"results_candidate", "results_problem"} <= names
+
+
+def test_a_version_2_file_without_the_node_lost_status_is_repaired(tmp_path):
+    """Version 2 gained failed_node_lost in its CHECK constraint after some files were written
+    (results/two-h200 holds two), and the migrations after it only add columns: opening such a
+    file, at whatever version it now says, rebuilds the table so that the status can be stored,
+    keeping its rows."""
+    path = tmp_path / "early-v2.db"
+    eid = _older_database(path, 2, ("sm_clock_mhz", "sustain_s", "sustain_load"))
+    c = sqlite3.connect(path)
+    old = [s for s in dbmod.STATUSES if s != "failed_node_lost"]
+    (sql,) = c.execute("SELECT sql FROM sqlite_master WHERE name = 'results'").fetchone()
+    narrow = sql.replace(", 'failed_node_lost'", "")
+    assert narrow != sql and all(f"'{s}'" in narrow for s in old)
+    c.execute("PRAGMA writable_schema = ON")
+    c.execute("UPDATE sqlite_master SET sql = ? WHERE name = 'results'", (narrow,))
+    c.commit()
+    c.close()
+    with sqlite3.connect(path) as c:  # the narrow constraint is in force
+        with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+            c.execute("INSERT INTO results (env_id, candidate_key, problem_key, impl, params, status, "
+                      "uid, created_at) VALUES ('e', 'x', '{}', 'cupy', '{}', 'failed_node_lost', 'u', 't')")
+    with ProfileDB(path) as db:
+        db.add_result(dict(env_id=eid, candidate_key="d", problem_key={}, impl="cupy", params={},
+                           status="failed_node_lost", reason="node left"))
+        rows = db.query("SELECT candidate_key, status FROM results ORDER BY id")
+    assert rows == [{"candidate_key": "c", "status": "ok"}, {"candidate_key": "d", "status": "failed_node_lost"}]
+    with ProfileDB(path) as db:  # repaired once: the next open leaves it alone
+        assert db._takes_every_status()

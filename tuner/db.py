@@ -359,6 +359,15 @@ class ProfileDB:
         missing = sorted(TABLES - tables)
         if missing:
             raise SchemaError(f"{self.path} is a damaged profile database: table(s) {missing} are missing")
+        if migrate and not self._takes_every_status():
+            # a file of version 2 made before failed_node_lost joined its CHECK constraint (the
+            # migrations after 2 only add columns): rebuilt, or its next such row cannot be stored
+            _rebuild_results(self.conn)
+
+    def _takes_every_status(self) -> bool:
+        sql = self.conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'results'"
+                                ).fetchone()[0]
+        return all(f"'{status}'" in sql for status in STATUSES)
 
     def check_integrity(self) -> None:
         """Raise DatabaseError when SQLite finds damaged pages (PRAGMA quick_check)."""
