@@ -203,6 +203,33 @@ def test_cli_without_from_on_todays_sources(tmp_path, capsys):
     assert "is on today's kernel sources" in capsys.readouterr().out
 
 
+def test_a_dry_run_leaves_the_file_as_it_was(tmp_path):
+    """`tuner rekey --dry-run` opens nothing for writing: no migration of an older file, no
+    switch of its journal to WAL (the shipped profiles/sm90.db is a rollback-journal file); its
+    bytes are what they were."""
+    import hashlib
+    import sqlite3
+
+    from drafter_attn.tuner.cli import main
+
+    for version in (5, 4):
+        (tmp_path / f"v{version}").mkdir()
+        path = _db(tmp_path / f"v{version}", nvrtc.sources_digest())
+        c = sqlite3.connect(path)
+        if version < 5:
+            c.execute("ALTER TABLE results DROP COLUMN sustain_load")
+            c.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+            c.commit()
+        c.execute("PRAGMA journal_mode = DELETE")  # as shipped: one file, no -wal beside it
+        c.close()
+        before = hashlib.sha256(path.read_bytes()).hexdigest()
+        assert main(["rekey", "--db", str(path), "--dry-run"]) == 0
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == before, version
+        with sqlite3.connect(path) as c:
+            assert c.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+            assert c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(version)
+
+
 def test_complete_params_fills_a_parameter_added_since(tmp_path):
     """Rows measured before a backend gained a parameter (cupy's `tma`) get it, with the value
     today's package resolves from the row's own parameters (the kernel rekey compared), and the

@@ -82,7 +82,7 @@ def rekey(db_path, old_root: Path, old_hash: str, *, new_hash: str | None = None
                "stale_kinds": {}, "dry_run": dry_run}
     if old_hash == new_hash:
         return {**summary, "note": "the sources are the same: nothing to do"}
-    with dbm.ProfileDB(db_path, create=False) as db:
+    with dbm.ProfileDB(db_path, create=False, readonly=dry_run) as db:  # a dry run writes nothing
         rows = db.query(_ROW_SQL, (old_hash,))
         if not rows:
             return {**summary, "note": f"no rows measured on sources {old_hash[:12]}"}
@@ -146,7 +146,11 @@ def complete_params(db_path, *, dry_run: bool = False) -> dict:
 
     out = {"completed": 0, "added": Counter(), "dry_run": dry_run}
     sql = _ROW_SQL.replace("r.ctx_len", "r.ctx_len, r.problem_key, r.accepted, r.sustain_s, r.sustain_load")
-    with dbm.ProfileDB(db_path, create=False) as db:
+    if dry_run:  # a dry run writes nothing, not even a migration: an older file has no such rows
+        with dbm.ProfileDB(db_path, readonly=True) as db:
+            if db.schema_version() < dbm.SCHEMA_VERSION:
+                return out
+    with dbm.ProfileDB(db_path, create=False, readonly=dry_run) as db:
         rows = db.query(sql, (nvrtc.sources_digest(),))
         updates = []
         for r in rows:
@@ -206,7 +210,7 @@ def stale_sources(db_path) -> dict[str, int]:
     from drafter_attn.kernels import nvrtc
 
     today = nvrtc.sources_digest()
-    with dbm.ProfileDB(db_path, create=False) as db:
+    with dbm.ProfileDB(db_path, readonly=True) as db:
         found = db.query("SELECT e.sources_hash AS h, COUNT(*) AS n FROM results r "
                          "JOIN environments e USING (env_id) GROUP BY e.sources_hash")
     return {r["h"]: r["n"] for r in found if r["h"] and r["h"] != today}
