@@ -4,6 +4,7 @@ profile database, sweep specs and both CLIs. Each must get a clear message namin
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sqlite3
@@ -484,3 +485,41 @@ def test_full_checks_read_gpu_values_only_when_asked(monkeypatch):
     args["ctx_lens"] = torch.tensor([0, 11], dtype=torch.int32, device="cuda")
     with pytest.raises(ValueError, match=re.escape("ctx_lens[1]=11 + num_new[1]=2 exceeds the capacity")):
         check_store_paged(**args)
+
+
+@pytest.mark.parametrize("table, args, message", [
+    ("shipped", ["--set", "foo=1"], "unknown cupy params ['foo']"),
+    ("shipped", ["--set", "stages=abc"], "parameter stages='abc' must be int"),
+    ("shipped", ["--set", "stages"], "'stages' is not key=value"),
+    ("shipped", ["--impl", "nosuch", "--set", "stages=3"], "unknown backend 'nosuch'"),
+    ("[]", ["--set", "stages=3"], "is not a tuned table"),
+    ("{", ["--set", "stages=3"], "is not a JSON tuned table"),
+    (None, ["--set", "stages=3"], "cannot read"),
+    ("entry-without-params", ["--set", "stages=3"], "an entry is not one `tuner export` writes"),
+])
+def test_tuner_refine_refuses_bad_input_with_a_message(table, args, message, tmp_path, capsys):
+    """A bad --set, --impl or table is exit 2 with a line naming it, never a traceback."""
+    from drafter_attn.kernels.shipped import find_default
+
+    path = tmp_path / "t.json"
+    if table == "shipped":
+        path = find_default(90, ("table",))
+        if path is None:
+            pytest.skip("no shipped sm90 table")
+    elif table == "entry-without-params":
+        doc = json.loads(find_default(90, ("table",)).read_text())
+        del doc["entries"][0]["params"]
+        path.write_text(json.dumps(doc))
+    elif table is not None:
+        path.write_text(table)
+    rc, err = _run(tuner_cli.main, capsys, ["refine", path, *args, "--dry-run"])
+    assert rc == 2 and message in err and "Traceback" not in err
+
+
+def test_tuner_sweep_names_a_variant_value_of_the_wrong_type(tmp_path, capsys):
+    spec = tmp_path / "s.toml"
+    spec.write_text('[sweep]\nname = "x"\nbackends = ["cupy"]\npresets = ["qwen3-8b-dflash-b16"]\n'
+                    'page_sizes = [64]\nbatches = [1]\nctx_lens = [2048]\n\n'
+                    '[params.cupy]\nvariants = [{}, {stages = 3.0}]\n')
+    rc, err = _run(tuner_cli.main, capsys, ["sweep", spec, "--dry-run"])
+    assert rc == 2 and "params.cupy.variants[1]: backend 'cupy': parameter stages=3.0 must be int" in err

@@ -119,6 +119,7 @@ def _load_without_sustain(args, command: str) -> bool:
 
 def cmd_refine(args) -> int:
     from drafter_attn.kernels.registry import parse_spec
+    from drafter_attn.kernels.tuned_table import TableError
     from drafter_attn.tuner.refine import refine_candidates
     from drafter_attn.tuner.sweep import run_sweep
 
@@ -136,12 +137,23 @@ def cmd_refine(args) -> int:
         except ValueError as exc:
             print(f"tuner refine: --preset: {exc}", file=sys.stderr)
             return 2
-    overrides = parse_spec(f"{args.impl}:{','.join(args.set)}")[1] if args.set else {}
-    candidates, skipped = refine_candidates(args.table, overrides, tuple(args.where), args.impl,
-                                            args.max_batch, with_winners=args.with_winners,
-                                            min_batch=args.min_batch, min_ctx=args.min_ctx,
-                                            max_ctx=args.max_ctx, preset=args.preset,
-                                            min_tokens=args.min_tokens, with_default=args.with_default)
+    try:
+        overrides = parse_spec(f"{args.impl}:{','.join(args.set)}")[1] if args.set else {}
+        candidates, skipped = refine_candidates(args.table, overrides, tuple(args.where), args.impl,
+                                                args.max_batch, with_winners=args.with_winners,
+                                                min_batch=args.min_batch, min_ctx=args.min_ctx,
+                                                max_ctx=args.max_ctx, preset=args.preset,
+                                                min_tokens=args.min_tokens, with_default=args.with_default)
+    except TableError as exc:
+        print(f"tuner refine: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # a bad --set or --impl
+        print(f"tuner refine: {exc}", file=sys.stderr)
+        return 2
+    except (KeyError, TypeError) as exc:  # an entry without the fields an exported one has
+        print(f"tuner refine: {args.table}: an entry is not one `tuner export` writes "
+              f"({type(exc).__name__}: {exc})", file=sys.stderr)
+        return 2
     candidates = [c.sustained(args.sustain, args.sustain_load) for c in candidates]
     # --with-winners: every candidate (winner, runners-up, refined) measured in this sweep,
     # whatever rows it had before. Sustained candidates are keys of their own, measured once:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from drafter_attn.kernels import registry
+from drafter_attn.kernels import registry, tuned_table
 from drafter_attn.tuner.spec import Candidate, problem_from_key
 
 
@@ -58,7 +58,11 @@ def refine_candidates(table: str | Path, overrides: dict, where: tuple[str, ...]
     again); with no `overrides` the refined candidate is the winner itself, so that is a plain
     side-by-side re-measure. `with_default`: also `impl`'s default parameters at the key (what
     the runtime runs without a table), which a table's runners-up need not list."""
-    entries = json.loads(Path(table).read_text())["entries"]
+    try:
+        text = Path(table).read_bytes()
+    except OSError as exc:
+        raise tuned_table.TableError(f"cannot read {table}: {exc.strerror or exc}") from None
+    entries = tuned_table.validate_table(tuned_table.parse_json(text, str(table)), str(table))
     backend = registry.get(impl)
     registry.check_params(backend, overrides)
     known = set(registry.param_schema(backend))

@@ -197,8 +197,11 @@ class SweepSpec:
                                         f"{sorted(unknown)}; {impl} tunes {sorted(known) or 'nothing'}")
                     for target in self.targets:
                         # an SM target's candidates start from that SM's defaults
-                        full = registry.resolve_params(backend, problem, target_sm(target),
-                                                       override)
+                        try:
+                            full = registry.resolve_params(backend, problem, target_sm(target),
+                                                           override)
+                        except ValueError as exc:  # a value out of type or range: the spec's
+                            raise SpecError(f"{self.source}: params.{impl}.variants[{i}]: {exc}") from None
                         cand = Candidate(problem, impl, tuple(sorted(full.items())), self.accepted,
                                          preset, target)
                         out.setdefault((target, cand.key()), cand)
