@@ -632,6 +632,18 @@ def _mismatch(prov: Mapping, impls: set, env: Environment, classes: Mapping) -> 
 # Loading
 
 
+def unreplayed_wal(path: Path, error: type) -> None:
+    """Raise `error` when `path` has rows in its write-ahead log (`-wal` beside it: a writer that
+    died, or one still writing) that an immutable open, which reads the main file only, would
+    silently leave out."""
+    wal = Path(f"{path}-wal")
+    if wal.is_file() and wal.stat().st_size > 0:
+        raise error(f"{path}: its write-ahead log {wal.name} holds writes a read-only open cannot "
+                    f"read here (no write access to make its -shm file); open the database once "
+                    f"where it can be written (e.g. `tuner show --db` on a writable copy of both "
+                    f"files) to fold them in")
+
+
 def _connect_read_only(path: Path) -> sqlite3.Connection:
     """Read-only, without writing a journal: a WAL database on read-only storage (an installed
     package) cannot create its shared-memory file, so it is opened immutable instead."""
@@ -642,6 +654,7 @@ def _connect_read_only(path: Path) -> sqlite3.Connection:
         return conn
     except sqlite3.Error:
         pass
+    unreplayed_wal(path, TableError)  # what an immutable open would not read
     try:
         return sqlite3.connect(base + "?mode=ro&immutable=1", uri=True, timeout=10)
     except sqlite3.Error as exc:

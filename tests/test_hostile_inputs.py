@@ -221,6 +221,41 @@ def test_a_wal_database_whose_folder_takes_no_side_files_is_read(tmp_path, capsy
     assert _snapshot(tmp_path) == before
 
 
+def test_a_read_only_open_refuses_a_log_it_cannot_replay(tmp_path, capsys, monkeypatch):
+    """A writer killed mid-sweep leaves rows in the -wal file only. Where SQLite cannot open it
+    read-only (a read-only mount: stood in for here by a connect that refuses every open but an
+    immutable one), the immutable open would read the main file alone: it refuses, naming the
+    log, instead of showing the rows before the kill as all there is."""
+    import shutil
+
+    from drafter_attn.kernels import tuned_table
+
+    connect = sqlite3.connect
+
+    def read_only_mount(database, *args, **kwargs):
+        if "mode=ro" in str(database) and "immutable=1" not in str(database):
+            raise sqlite3.OperationalError("unable to open database file")
+        return connect(database, *args, **kwargs)
+
+    live = _valid_db(tmp_path / "live.db")
+    writer = sqlite3.connect(live)
+    writer.execute("PRAGMA wal_autocheckpoint = 0")
+    writer.execute("UPDATE results SET median_us = median_us + 1")
+    writer.commit()  # in the log, not yet in the main file
+    copy = tmp_path / "ro"
+    copy.mkdir()
+    shutil.copy(live, copy / "p.db")
+    shutil.copy(f"{live}-wal", copy / "p.db-wal")
+    writer.close()
+    monkeypatch.setattr(sqlite3, "connect", read_only_mount)
+    with pytest.raises(DatabaseError, match="write-ahead log p.db-wal holds writes"):
+        ProfileDB(copy / "p.db", readonly=True)
+    rc, err = _run(tuner_cli.main, capsys, ["show", "--db", copy / "p.db", "--format", "csv"])
+    assert rc == 2 and "p.db-wal holds writes" in err
+    with pytest.raises(tuned_table.TableError, match="p.db-wal holds writes"):
+        tuned_table.read_db_rows(copy / "p.db")
+
+
 def test_read_only_open_cannot_write(tmp_path):
     db = _valid_db(tmp_path / "p.db")
     with ProfileDB(db, readonly=True) as opened, pytest.raises(DatabaseError, match=re.escape(str(db))):

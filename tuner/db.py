@@ -33,6 +33,8 @@ import urllib.parse
 import uuid
 from pathlib import Path
 
+from drafter_attn.kernels.tuned_table import unreplayed_wal
+
 SCHEMA_NAME = "drafter-attn-profile"
 SCHEMA_VERSION = 5
 
@@ -302,19 +304,23 @@ class ProfileDB:
 
     def _connect_readonly(self) -> sqlite3.Connection:
         for immutable in (False, True):
-            conn = self.conn = sqlite3.connect(_readonly_uri(self.path, immutable), uri=True, timeout=60,
-                                               isolation_level=None)
-            conn.row_factory = sqlite3.Row
+            conn = None
             try:
+                conn = self.conn = sqlite3.connect(_readonly_uri(self.path, immutable), uri=True,
+                                                   timeout=60, isolation_level=None)
+                conn.row_factory = sqlite3.Row
                 conn.execute("PRAGMA query_only = ON")
                 self._check_meta(self._tables(), migrate=False)
                 return conn
             except sqlite3.OperationalError as exc:
-                conn.close()
+                if conn is not None:
+                    conn.close()
                 if immutable or not _cannot_open(exc):
                     raise
+                unreplayed_wal(self.path, DatabaseError)  # what an immutable open would not read
             except BaseException:
-                conn.close()
+                if conn is not None:
+                    conn.close()
                 raise
         raise AssertionError("unreachable")
 
