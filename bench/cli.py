@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--accepted", type=opt.non_negative_float, default=None, metavar="A",
                    help="mean accepted tokens per request: a step stores A + 1 rows (default: all Qb rows)")
     d.add_argument("--baseline", type=opt.baseline_option, default="auto", metavar="auto|none|flashinfer|NAME[,NAME]",
-                   help="baselines beside (attention only, one layer x layers): flashinfer-fa2 (per-shape "
+                   help="baselines beside (every layer's attention in one call, no store): flashinfer-fa2 (per-shape "
                         "plan), flashinfer-fa2-graph (CUDA-graph plan), trtllm-xqa; 'flashinfer' is the "
                         "first two; auto: every one installed that takes the geometry")
     d.add_argument("--context-chunk", type=opt.chunks, default=[], metavar="N[,N...]",

@@ -88,7 +88,11 @@ SELECT e.sm, e.gpu_name, e.driver, e.cuda, e.torch, e.cupy, e.cutlass, e.nvrtc, 
        r.sustain_s, r.sustain_load, r.id AS row_order
 FROM results r JOIN environments e USING (env_id)
 WHERE r.status = 'ok' AND r.median_us IS NOT NULL AND r.median_us > 0
+  AND (r.accepted IS NULL OR r.accepted = r.block_size)
 """
+# (`accepted`: a decode step that stores the whole block, as sweeps time it. `bench decode
+# --accepted` steps store fewer rows and `bench prefill`'s context steps a chunk: other workloads,
+# which the problem key does not tell apart, so they never compete for a key.)
 # The clock regimes a row is timed in. "burst": on a cool GPU (each timing right after the last);
 # "sustained": after seconds of the step's own back-to-back load (the profile database's
 # `sustain_s`), where the H200 holds its power limit by lowering its SM clock and some kernels slow

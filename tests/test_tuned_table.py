@@ -456,3 +456,18 @@ def test_sync_count_is_the_most_any_detector_saw(tmp_path):
     assert shown["syncs"].tolist()[0] == 2 and shown["syncs"].isna().tolist() == [False, True]
     entries, _ = tuned_table.load_table(path)  # the runtime's entries
     assert [(e["batch"], e["syncs"]) for e in entries] == [(2, 2), (4, None)]
+
+
+def test_steps_storing_other_rows_never_compete_for_a_key(tmp_path):
+    """`bench decode --accepted` steps store fewer rows than the block, and `bench prefill`'s
+    context steps a whole chunk: recorded in the same database, they are not the decode step a
+    key stands for, so a faster one of them neither wins the key nor lists as an alternative."""
+    full = dict(geometry=G, page=16, batch=2, ctx=64, params=FAST, median_us=10.0)
+    rows = [full, dict(full, params={"tile_n": 32, "stages": 4}, median_us=12.0),
+            dict(full, params={"tile_n": 32, "stages": 2}, median_us=6.0, accepted=4.4),
+            dict(full, params={"tile_n": 32, "stages": 5}, median_us=50.0, accepted=512.0),
+            dict(full, params={"tile_n": 32, "stages": 6}, median_us=11.0, accepted=float(G.block_size))]
+    (entry,) = export.export_table(_db(tmp_path, rows), resolve_commits=False)["entries"]
+    assert entry["params"] == FAST and entry["candidates"] == 3
+    assert [a["params"] for a in entry["alternatives"]] == [{"tile_n": 32, "stages": 6},
+                                                            {"tile_n": 32, "stages": 4}]
