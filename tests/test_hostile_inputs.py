@@ -558,3 +558,9 @@ def test_tuner_sweep_names_a_variant_value_of_the_wrong_type(tmp_path, capsys):
                     '[params.cupy]\nvariants = [{}, {stages = 3.0}]\n')
     rc, err = _run(tuner_cli.main, capsys, ["sweep", spec, "--dry-run"])
     assert rc == 2 and "params.cupy.variants[1]: backend 'cupy': parameter stages=3.0 must be int" in err
+
+
+def test_ray_gpus_without_ray_is_refused(tmp_path, capsys):
+    rc, err = _run(tuner_cli.main, capsys, ["sweep", "default", "--ray-gpus", "2", "--db", tmp_path / "p.db"])
+    assert rc == 2 and "--ray-gpus caps a Ray sweep's GPUs: give --ray too" in err
+    assert not (tmp_path / "p.db").exists()

@@ -78,6 +78,10 @@ def cmd_sweep(args) -> int:
 
     if _load_without_sustain(args, "sweep"):
         return 2
+    if args.ray_gpus and args.ray is None:
+        print("tuner sweep: --ray-gpus caps a Ray sweep's GPUs: give --ray too (or --devices for "
+              "local GPUs)", file=sys.stderr)
+        return 2
     spec = load_spec(args.spec)
     candidates = [c.sustained(args.sustain, args.sustain_load) for c in spec.candidates()]
     if args.dry_run:

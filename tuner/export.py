@@ -19,6 +19,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from drafter_attn.kernels import dispatcher, tuned_table
+from drafter_attn.tuner.cli_checks import write_whole
 
 REPO = Path(__file__).resolve().parent.parent
 CUDA_DIR = "kernels/cuda"
@@ -116,12 +117,12 @@ def export_table(db_path, sms=None, *, include_predicted: bool = False, resolve_
 
 
 def write_table(table: dict, out) -> Path:
+    """`table` as JSON at `out`, written whole (a temporary file of its own, then renamed: two
+    exports at once or a full disk never leave a truncated table)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(table, indent=1) + "\n")
-    tmp.replace(out)
-    return out
+    text = json.dumps(table, indent=1) + "\n"
+    return write_whole(out, lambda tmp: tmp.write_text(text))
 
 
 def read_table(path) -> dict:
