@@ -189,3 +189,32 @@ def test_fresh_candidates_are_measured_again_and_only_once_a_sweep(tmp_path):
     # a fresh key listed twice in one sweep is measured once (its row since the start counts)
     third = run_sweep(cands + [cands[0]], path, devices=[None], fresh={again_key}, **FAKE)
     assert third.measured == 1 and third.skipped == 4
+
+
+def test_candidates_no_gpu_serves_are_counted_once_over_worker_restarts(tmp_path):
+    """`drop_unserved` runs again each time a worker restarts: what it dropped before is not
+    reported, nor counted, a second time."""
+    from drafter_attn.kernels.presets import get_preset
+    from drafter_attn.kernels.spec import Problem
+    from drafter_attn.tuner import sweep
+    from drafter_attn.tuner.db import ProfileDB
+    from drafter_attn.tuner.spec import Candidate
+
+    class Bar:
+        def __init__(self):
+            self.reported = []
+
+        def not_run(self, target, n):
+            self.reported.append((target, n))
+
+    g = get_preset("qwen3-8b-dflash-b16")
+    cands = [Candidate(Problem(g, "paged", 64, b, 2048), "cupy", (), None, "main", target)
+             for b, target in ((1, "sm999"), (2, "sm999"), (4, None))]
+    bar = Bar()
+    with ProfileDB(tmp_path / "p.db") as db:
+        queue = sweep.SweepQueue(cands, db, sweep.SweepOutcome("s", len(cands)), bar)
+        h200 = {"sm": 90, "gpu_name": "NVIDIA H200"}
+        for _ in range(3):  # the first workers, then two restarts
+            queue.drop_unserved([h200])
+    assert bar.reported == [("sm999", 2)]
+    assert queue.outcome.not_run == {"sm999": 2} and list(queue.pending) == [2]

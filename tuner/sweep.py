@@ -198,14 +198,17 @@ class SweepQueue:
     def drop_unserved(self, fps: list[dict]) -> None:
         """Once every worker has said what it is: candidates none of them can run are not run."""
         keep = collections.deque()
+        dropped: collections.Counter = collections.Counter()
         for i in self.pending:
             target = self.candidates[i].target
             if any(serves(target, fp) for fp in fps):
                 keep.append(i)
             else:
-                self.outcome.not_run[target] += 1
+                dropped[target] += 1
         self.pending = keep
-        for target, n in self.outcome.not_run.items():
+        # called again after every worker restart: only what this call drops is news
+        self.outcome.not_run.update(dropped)
+        for target, n in dropped.items():
             self.bar.not_run(target, n)
 
     def heartbeat(self) -> float:
