@@ -210,6 +210,18 @@ def test_sustain_load_makes_candidates_of_their_own(sweeps, tmp_path, capsys):
         cli.main(base + ["--sustain-load", "heavy"])
 
 
+def test_again_measures_sustained_candidates_again(sweeps, tmp_path, capsys):
+    """`--again` (with --with-winners): sustained candidates are measured again too, where they
+    have rows, so that no key is decided on rows timed two ways; alone it is refused."""
+    base = ["refine", str(TABLE), "--with-winners", "--min-ctx", "128k", "--db", str(tmp_path / "r.db"),
+            "--sustain", "0.75", "--sustain-load", "gemm"]
+    assert cli.main(base + ["--again"]) == 0
+    (run,) = sweeps
+    assert run["fresh"] == {c.key() for c in run["candidates"]} and run["fresh"]
+    assert cli.main(["refine", str(TABLE), "--set", "stages=3", "--again", "--db", str(tmp_path / "r.db")]) == 2
+    assert "--again measures the winners and runners-up again: give --with-winners" in capsys.readouterr().err
+
+
 def test_with_default_adds_the_runtimes_untuned_kernel(sweeps, tmp_path):
     """--with-default: each selected key's default parameters too (what the runtime runs
     without a table), resolved at that key and SM, once per key; alone it is enough to run."""

@@ -129,6 +129,10 @@ def cmd_refine(args) -> int:
 
     if _load_without_sustain(args, "refine"):
         return 2
+    if args.again and not args.with_winners:
+        print("tuner refine: --again measures the winners and runners-up again: give --with-winners",
+              file=sys.stderr)
+        return 2
     if not args.set and not args.with_winners and not args.with_default:
         print("tuner refine: nothing to measure: give --set NAME=VALUE (a knob to try), or "
               "--with-winners alone (the winners and their runners-up again, side by side), or "
@@ -162,7 +166,7 @@ def cmd_refine(args) -> int:
     # --with-winners: every candidate (winner, runners-up, refined) measured in this sweep,
     # whatever rows it had before. Sustained candidates are keys of their own, measured once:
     # a second run of the same refine resumes where the first stopped
-    fresh = {c.key() for c in candidates if not c.sustain_s} if args.with_winners else set()
+    fresh = {c.key() for c in candidates if not c.sustain_s or args.again} if args.with_winners else set()
     for line in skipped:
         print(f"not applicable: {line}", file=sys.stderr)
     if args.dry_run:
@@ -446,6 +450,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "right before its refined candidate (that one again too where it has a row), so "
                    "that the export decides each key on rows of one run (it takes each "
                    "candidate's newest)")
+    p.add_argument("--again", action="store_true",
+                   help="with --with-winners: sustained candidates measured again too, even where "
+                   "rows exist (after a change in how sustained timings are taken, so that no key "
+                   "is decided on rows of two methods)")
     p.add_argument("--impl", default="cupy", help="the backend whose winners to refine (default cupy)")
     _add_db(p)
     p.add_argument("--timeout", type=positive_float, default=300.0, help="seconds per candidate")
