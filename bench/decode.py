@@ -8,7 +8,8 @@ the reference first, then graph replays: latency median/p10/p90, the attention a
 roofline and read floor, memory, host syncs) and written to the profile database at once. The
 baselines (kernels.baselines: FlashInfer fa2 with its per-shape plan and with its CUDA-graph plan,
 TensorRT-LLM's XQA), when installed and when they take the geometry, run beside (attention only:
-one layer measured, times the layer count for the step).
+every layer's, back to back in one captured call, as the step runs its layers). Each row also
+reaches `on_row` (the CLI's CSV) the moment it is measured.
 
 `--table-capacity N` adds, for every paged row, the same step with the block table sized for N
 tokens (an engine sizes it for the model's longest context; the pool still holds only the pages
