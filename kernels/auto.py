@@ -215,9 +215,11 @@ def merge_entries(*sources) -> list:
 
 def latency_pairs(entries, d: Deployment, sm: int, min_ctx: int = 0) -> tuple[int | None, list[dict]]:
     """Paged (page_size) and arena entries measured at the same batch and context, at the measured
-    batch nearest the concurrency (log scale; ties: the larger), contexts up to max_ctx (or the
-    smallest measured when none is that short). With `min_ctx` (long contexts), only pairs from
-    min_ctx to max_ctx count, batch chosen among them, and none when none is measured there."""
+    batch nearest the concurrency (log scale; ties: the larger) among those measured at contexts
+    up to max_ctx, with those contexts; where no batch is measured that short, the smallest
+    context measured, at the batch nearest the concurrency there (its pairs say `beyond_max_ctx`).
+    With `min_ctx` (long contexts), only pairs from min_ctx to max_ctx count, and none when none
+    is measured there."""
     g = d.geometry
     paged = {(e["batch"], e["ctx_len"]): e for e in entries if _matches(e, g, "paged", d.page_size, sm)}
     arena = {(e["batch"], e["ctx_len"]): e for e in entries if _matches(e, g, "arena", None, sm)}
@@ -226,10 +228,13 @@ def latency_pairs(entries, d: Deployment, sm: int, min_ctx: int = 0) -> tuple[in
         common = [(b, c) for b, c in common if min_ctx <= c <= d.max_ctx]
     if not common:
         return None, []
-    batches = sorted({b for b, _ in common})
+    # the batch is chosen among the pairs that speak for this deployment: a batch measured only
+    # past max_ctx must not outvote its neighbours measured within it
+    shortest = min(c for _, c in common)
+    pool = [(b, c) for b, c in common if c <= d.max_ctx] or [(b, c) for b, c in common if c == shortest]
+    batches = sorted({b for b, _ in pool})
     batch = min(batches, key=lambda b: (abs(math.log2(b) - math.log2(d.concurrency)), -b))
-    ctxs = [c for b, c in common if b == batch]
-    within = [c for c in ctxs if c <= d.max_ctx] or [min(ctxs)]
+    within = [c for b, c in pool if b == batch]
     pairs = []
     for c in within:
         p, a = paged[(batch, c)], arena[(batch, c)]
@@ -238,7 +243,7 @@ def latency_pairs(entries, d: Deployment, sm: int, min_ctx: int = 0) -> tuple[in
                       "paged_impl": p["impl"], "arena_impl": a["impl"],
                       "paged_syncs": p.get("syncs"), "arena_syncs": a.get("syncs"),
                       "paged_workspace": p.get("workspace_bytes"),
-                      "arena_workspace": a.get("workspace_bytes")})
+                      "arena_workspace": a.get("workspace_bytes"), "beyond_max_ctx": c > d.max_ctx})
     return batch, pairs
 
 
@@ -268,6 +273,8 @@ def _latency_reasons(d: Deployment, entries, sm: int | None, sms: list[int],
     span = ", ".join(f"ctx {p['ctx_len']}: {p['paged_us']:.2f} vs {p['arena_us']:.2f} us "
                      f"({p['overhead']:+.1%})" for p in pairs)
     note = "" if batch == d.concurrency else f" (nearest measured batch to concurrency {d.concurrency})"
+    if any(p["beyond_max_ctx"] for p in pairs):
+        note += f" (no pair measured at max_ctx {d.max_ctx} or shorter: the shortest measured stands in)"
     reason = Reason("latency", favors, "measured",
                     f"paged step per layer against arena at batch {batch}{note}: median {overhead:+.2%} "
                     f"[{span}]; tolerance {tolerance:.1%}",
@@ -333,12 +340,12 @@ def _memory_reasons(d: Deployment, pairs: list[dict]) -> list[Reason]:
     if d.prefix_hit > 0:
         text += "; shared prefix pages are held once in the paged pool, once per slot in the arena"
     reasons = [Reason("memory", favors, "model", text, data)]
-    workspaces = [(p["paged_workspace"], p["arena_workspace"]) for p in pairs
+    workspaces = [(p["ctx_len"], p["paged_workspace"], p["arena_workspace"]) for p in pairs
                   if p["paged_workspace"] is not None and p["arena_workspace"] is not None]
     if workspaces:
-        pw, aw = workspaces[-1]
+        ctx, pw, aw = workspaces[-1]
         reasons.append(Reason("workspace", None, "measured",
-                              f"measured step workspace at ctx {pairs[-1]['ctx_len']}: paged "
+                              f"measured step workspace at ctx {ctx}: paged "
                               f"{pw / 2**20:.1f} MiB, arena {aw / 2**20:.1f} MiB", {"paged": pw, "arena": aw}))
     return reasons
 

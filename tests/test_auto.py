@@ -59,6 +59,40 @@ def test_contexts_beyond_max_ctx_are_left_out_and_nearest_batch_used(tmp_path):
     assert "nearest measured batch to concurrency 20" in lat.text
 
 
+def test_a_batch_measured_only_past_max_ctx_does_not_decide(tmp_path):
+    """The batch nearest the concurrency is chosen among those measured within max_ctx: a batch
+    measured only at a longer context (4 at 128k, paged ahead there) does not outvote its
+    neighbours measured at the deployment's contexts (arena ahead); the shortest measured
+    context stands in, said so, only where no batch is measured within max_ctx."""
+    rows = []
+    for b, c, over in ((1, 8192, 0.05), (8, 8192, 0.05), (4, 131072, -0.01)):
+        rows += [dict(layout="arena", batch=b, ctx=c, median_us=100.0),
+                 dict(layout="paged", page=64, batch=b, ctx=c, median_us=100.0 * (1 + over))]
+    path = tmp_path / "mixed.db"
+    build_db(path, {"h": (H200, rows)})
+    ents = Dispatcher.load(path).entries
+    rec = recommend(dep(max_ctx=32768, concurrency=4), ents)
+    lat = next(r for r in rec.reasons if r.kind == "latency")
+    assert rec.layout == "arena" and lat.data["batch"] == 8
+    assert [p["ctx_len"] for p in lat.data["pairs"]] == [8192] and "stands in" not in lat.text
+    rec = recommend(dep(max_ctx=4096, concurrency=4), ents)  # nothing measured that short
+    lat = next(r for r in rec.reasons if r.kind == "latency")
+    assert [p["ctx_len"] for p in lat.data["pairs"]] == [8192] and lat.data["batch"] == 8
+    assert "no pair measured at max_ctx 4096 or shorter: the shortest measured stands in" in lat.text
+
+
+def test_the_workspace_line_names_the_context_of_its_numbers(tmp_path):
+    rows = [dict(layout="arena", batch=8, ctx=2048, median_us=100.0, workspace_bytes=1 << 20),
+            dict(layout="paged", page=64, batch=8, ctx=2048, median_us=100.0, workspace_bytes=2 << 20),
+            dict(layout="arena", batch=8, ctx=8192, median_us=400.0),
+            dict(layout="paged", page=64, batch=8, ctx=8192, median_us=400.0)]
+    path = tmp_path / "ws.db"
+    build_db(path, {"h": (H200, rows)})
+    rec = recommend(dep(concurrency=8), Dispatcher.load(path).entries)
+    ws = next(r for r in rec.reasons if r.kind == "workspace")
+    assert "measured step workspace at ctx 2048: paged 2.0 MiB, arena 1.0 MiB" in ws.text
+
+
 def test_prefix_hits_choose_paged_despite_latency(tmp_path):
     rec = recommend(dep(prefix_hit=0.3), entries(tmp_path, overhead=0.03))
     assert rec.layout == "paged" and rec.decided_by == "prefix_reuse"
