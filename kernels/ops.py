@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from drafter_attn.kernels import registry
-from drafter_attn.kernels.contract import hint_kwargs
+from drafter_attn.kernels.contract import check_out, hint_kwargs
 
 DEFAULT_BACKENDS = {"cpu": "reference", "cuda": "cupy"}
 _resolved: dict[tuple[str, str], object] = {}
@@ -79,10 +79,12 @@ def _attend(name, tensors, mask, window, scale, backend, max_ctx, out=None):
     fn = getattr(backend_for(backend, tensors[0].device), name)
     if out is None:
         return fn(*tensors, mask=mask, window=window, scale=scale, **hint_kwargs(max_ctx))
-    # Backends without `out=` (the reference) compute a fresh tensor; copy it over.
+    # Backends without `out=` (the reference) compute a fresh tensor; copy it over, once `out` is
+    # checked as a backend that takes it checks it (a copy_ would cast or broadcast silently).
     if _takes_out(fn):
         fn(*tensors, mask=mask, window=window, scale=scale, out=out, **hint_kwargs(max_ctx))
     else:
+        check_out(out, tensors[0])
         out.copy_(fn(*tensors, mask=mask, window=window, scale=scale, **hint_kwargs(max_ctx)))
     return out
 
@@ -151,9 +153,7 @@ def _fake_attention(q, *args, **kwargs):
 
 
 def _fake_attention_out(out, q, *args, **kwargs):
-    if out.shape != q.shape or out.dtype != q.dtype:
-        raise ValueError(f"out has shape {tuple(out.shape)} and dtype {out.dtype}; expected "
-                         f"q's {tuple(q.shape)} and {q.dtype}")
+    check_out(out, q)  # what the eager call checks, traced the same
 
 
 for _op in (_paged_attention, _arena_attention):

@@ -299,6 +299,23 @@ def test_out_buffer_is_checked():
         contract.check_out(q.new_empty(2, QB, HQ, 2 * D)[..., :D], q)
 
 
+@pytest.mark.parametrize("bad, message", [
+    (lambda q: torch.empty_like(q, dtype=torch.float32), "out has dtype"),
+    (lambda q: q.new_empty(3, *q.shape), "out must have 4 dimensions"),
+    (lambda q: q.new_empty(*q.shape[:3], 2 * q.shape[3])[..., :q.shape[3]], "out must be contiguous"),
+])
+def test_a_bad_out_is_refused_eager_and_compiled_alike(bad, message):
+    """`out=` through the ops with a backend that has no `out=` (the reference, every CPU call):
+    refused as cupy refuses it, not cast or broadcast into by a copy; traced, the same check."""
+    args = paged_case("cpu")
+    out = bad(args[0])
+    with pytest.raises(ValueError, match=message):
+        ops.paged_attention(*args, out=out, backend="reference")
+    compiled = torch.compile(lambda *a: ops.paged_attention(*a, out=out, backend="reference"), fullgraph=True)
+    with pytest.raises(Exception, match=message):
+        compiled(*args)
+
+
 # ---------------------------------------------------------------------------------------------
 # the cupy backend's plans (CPU: planning only, with a stand-in device and module)
 
