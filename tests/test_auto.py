@@ -250,3 +250,10 @@ def test_cli_auto_and_rounding(tmp_path, capsys):
     hits.write_text("0 1 63\n64, 65 100\n")
     assert main(["rounding", "--hits", f"@{hits}", "--pages", "64", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["64"]["total_hidden"] == 155
+
+
+def test_cli_auto_refuses_a_named_source_that_is_not_there(tmp_path, capsys):
+    argv = ["auto", "--preset", PRESET, "--page", "64", "--max-ctx", "8192", "--concurrency", "8"]
+    for option in ("--table", "--db"):
+        assert main([*argv, option, str(tmp_path / "typo.json")]) == 2
+        assert f"no tuned table or profile database at {tmp_path / 'typo.json'}" in capsys.readouterr().err

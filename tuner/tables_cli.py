@@ -223,7 +223,10 @@ def cmd_auto(args) -> int:
                        args.serving, args.mean_ctx)
     except ValueError as exc:
         return _fail("auto", exc)
-    source = Path(args.table or args.db or _default_source(args.sm, ("table", "db")))
+    named = args.table or args.db
+    source = Path(named or _default_source(args.sm, ("table", "db")))
+    if named and not source.exists():  # named explicitly: a mistyped path is an error, not a note
+        return _fail("auto", f"no tuned table or profile database at {source}")
     entries: list = []
     note = None
     if source.exists():
@@ -241,7 +244,6 @@ def cmd_auto(args) -> int:
             return _fail("auto", exc)
     if more:
         entries = merge_entries(entries, *more)
-        note = None if entries else note
     rec = recommend(d, entries, args.sm, latency_tolerance=args.tolerance, hit_lengths=args.hit_lengths)
     sources = ", ".join([str(source)] + list(args.more or []))
     if args.format == "json":
