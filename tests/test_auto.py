@@ -229,7 +229,7 @@ def test_page_rounding_distribution_by_hand():
 # the CLI
 
 
-def test_cli_auto_and_rounding(tmp_path, capsys):
+def test_cli_auto_and_rounding(tmp_path, capsys, monkeypatch):
     path = tmp_path / "auto.db"
     rows = [dict(layout=lay, page=64, batch=32, ctx=8192, median_us=100.0 * (1.002 if lay == "paged" else 1),
                  syncs_debug=0) for lay in ("paged", "arena")]
@@ -241,8 +241,10 @@ def test_cli_auto_and_rounding(tmp_path, capsys):
     assert doc["recommendation"] == "paged" and doc["decided_by"] == "latency" and doc["sm"] == 90
     assert main(argv) == 0
     assert "recommendation: paged (decided by latency)" in capsys.readouterr().out
-    # no measurements at all: said, not guessed
-    assert main(argv[:-2] + ["--db", str(tmp_path / "none.db"), "--format", "json"]) == 0
+    # no measurements at all where the default source points: said, not guessed
+    monkeypatch.delenv("DRAFTER_TUNED_TABLE", raising=False)
+    monkeypatch.setenv("DRAFTER_DB", str(tmp_path / "none.db"))
+    assert main(argv[:-2] + ["--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["recommendation"] is None and "no tuned table or profile database" in doc["missing"][0]
 
