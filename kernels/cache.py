@@ -239,7 +239,7 @@ def random_paged_context(geometry: Geometry, ctx_lens: list[int], page_size: int
     need = [math.ceil(P / page_size) + extra_pages for P in ctx_lens]
     num_pages = sum(need) + 1
     if max_pages is not None and max_pages < max(need + [1]):
-        raise ValueError(f"max_pages={max_pages} is fewer than the {max(need)} pages a request needs")
+        raise ValueError(f"max_pages={max_pages} is fewer than the {max(need + [1])} pages a request needs")
     max_pages = max(need + [1, max_pages or 1])
     order = torch.randperm(num_pages, generator=generator) if shuffle_pages else torch.arange(num_pages)
     table = torch.randint(-(1 << 20), 1 << 20, (len(ctx_lens), max_pages), generator=generator, dtype=torch.int32)
@@ -259,6 +259,8 @@ def random_arena_context(geometry: Geometry, ctx_lens: list[int], max_ctx: int, 
     extra_slots` slots assigned in a random permutation. Rows past each length are random too."""
     if any(not 0 <= P <= max_ctx for P in ctx_lens):
         raise ValueError(f"ctx_lens must lie in [0, max_ctx={max_ctx}], got {ctx_lens}")
+    if extra_slots < 0:
+        raise ValueError(f"extra_slots must be non-negative (each request needs a slot), got {extra_slots}")
     num_slots = len(ctx_lens) + extra_slots
     slots = torch.randperm(num_slots, generator=generator)[: len(ctx_lens)].to(torch.int32)
     shape = (num_slots, max_ctx, geometry.num_kv_heads, geometry.head_dim)

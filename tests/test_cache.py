@@ -170,3 +170,7 @@ def test_random_contexts_are_permuted_and_consistent():
     assert torch.equal(k_ctx[1], k_arena[slots[1], :50])
     with pytest.raises(ValueError, match="ctx_lens must lie in"):
         random_arena_context(g, [65], 64, "cpu", gen)
+    with pytest.raises(ValueError, match="extra_slots must be non-negative"):
+        random_arena_context(g, [3, 50, 7], 64, "cpu", gen, extra_slots=-1)
+    with pytest.raises(ValueError, match="max_pages=0 is fewer than the 1 pages"):
+        random_paged_context(g, [], 16, "cpu", gen, max_pages=0)
