@@ -187,6 +187,22 @@ def cuda_include_dir() -> str:
 
 
 @functools.cache
+def toolchain_identity(include_dir: str) -> list:
+    """What else the compiled bytes depend on: the toolkit the include path resolves to (a
+    /usr/local/cuda link moved to another toolkit keeps its path) and the NVRTC wheel's full
+    version (nvrtcVersion() gives major.minor only)."""
+    from importlib import metadata
+
+    wheels = []
+    for name in ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12"):
+        try:
+            wheels.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return [os.path.realpath(include_dir), wheels]
+
+
+@functools.cache
 def _nvrtc():
     try:
         from cuda.bindings import nvrtc
@@ -286,7 +302,8 @@ def compile_cubin(
     # The key hashes the very bytes compiled below (the source and its sibling headers).
     sources = _read_sources()
     key_src = json.dumps(
-        [_digest(sources), nvrtc_version(), source, options[:1] + options[4:], header_identity]
+        [_digest(sources), nvrtc_version(), source, options[:1] + options[4:], header_identity,
+         toolchain_identity(inc)]
     )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
     stem = f"{src_path.stem}-{arch}-{key}"

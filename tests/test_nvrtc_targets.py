@@ -5,6 +5,7 @@ GPU test (marker `gpu`) that runs the cupy backend with the device's SM faked as
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 
@@ -390,3 +391,21 @@ def test_predict_names_each_source_gpu_once(capsys, tmp_path):
     err = capsys.readouterr().err
     assert err.count("from NVIDIA H200 (") == 1
     assert "3 predicted rows written from sm90" in err
+
+
+def test_the_compile_cache_follows_the_toolkit_and_the_nvrtc_wheel(tmp_path, monkeypatch):
+    """A cached binary is of one toolkit and one NVRTC build: a /usr/local/cuda link moved to
+    another toolkit (the same include path), or another patch release of the NVRTC wheel (the
+    same major.minor), compiles again instead of serving the old bytes."""
+    monkeypatch.setenv("DRAFTER_CACHE_DIR", str(tmp_path / "cache"))
+    link = tmp_path / "cuda"
+    link.symlink_to(os.path.dirname(nvrtc.cuda_include_dir()))
+    monkeypatch.setenv("CUDA_HOME", str(link))
+    ident = nvrtc.toolchain_identity(nvrtc.cuda_include_dir())
+    assert ident[0] == os.path.realpath(nvrtc.cuda_include_dir()) and ident[0] != nvrtc.cuda_include_dir()
+    arch = nvrtc.arch_for_sm(90)
+    first = nvrtc.compile_cubin("read_floor.cu", dict(STAGES=4, CHUNK=16384), arch)
+    assert nvrtc.compile_cubin("read_floor.cu", dict(STAGES=4, CHUNK=16384), arch).cached
+    monkeypatch.setattr(nvrtc, "toolchain_identity", lambda inc: [ident[0], ["nvidia-cuda-nvrtc==99.0.1"]])
+    other = nvrtc.compile_cubin("read_floor.cu", dict(STAGES=4, CHUNK=16384), arch)
+    assert not other.cached and other.cubin_path != first.cubin_path
