@@ -337,7 +337,7 @@ def _check_paged_cache(ref_name, ref, B, Hkv, D, k_pages, v_pages, block_table, 
         raise ValueError("k_pages has no pages but block_table has columns")
     _contiguous(block_table=block_table, ctx_lens=ctx_lens)
     _pool_views("k_pages", k_pages, "v_pages", v_pages)
-    return page_size, max_pages * page_size
+    return page_size, _capacity("block_table", max_pages * page_size)
 
 
 def _check_arena_cache(ref_name, ref, B, Hkv, D, k_arena, v_arena, slots, ctx_lens):
@@ -355,7 +355,17 @@ def _check_arena_cache(ref_name, ref, B, Hkv, D, k_arena, v_arena, slots, ctx_le
         raise ValueError("k_arena has no slots")
     _contiguous(slots=slots, ctx_lens=ctx_lens)
     _pool_views("k_arena", k_arena, "v_arena", v_arena)
-    return max_ctx
+    return _capacity("k_arena", max_ctx)
+
+
+MAX_CAPACITY = 2**31 - 1  # tokens a request's cache may address: a C int in the kernels' parameters
+
+
+def _capacity(arg: str, tokens: int) -> int:
+    if tokens > MAX_CAPACITY:
+        raise ValueError(f"{arg} addresses {tokens} tokens a request, over {MAX_CAPACITY} (the kernels "
+                         f"hold positions in a C int: a larger capacity would wrap)")
+    return tokens
 
 
 # ---------------------------------------------------------------------------------------------

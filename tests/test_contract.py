@@ -124,6 +124,21 @@ def test_valid_inputs_pass(call):
     fn(**make())
 
 
+def test_a_capacity_past_a_c_int_is_refused():
+    """A table (or arena) addressing 2**31 tokens a request or more would wrap in the kernels'
+    int parameters into a capacity of nothing: refused, naming it (meta tensors: no memory)."""
+    args = {k: v.to("meta") for k, v in _paged().items()}
+    args["block_table"] = torch.empty(B, 2**31 // PS, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="block_table addresses 2147483648 tokens a request, over 2147483647"):
+        check_paged(**args)
+    args["block_table"] = torch.empty(B, 2**31 // PS - 1, dtype=torch.int32, device="meta")
+    assert check_paged(**args).capacity == 2**31 - PS
+    args = {k: v.to("meta") for k, v in _arena().items()}
+    args["k_arena"] = args["v_arena"] = torch.empty(3, 2**31, HKV, D, device="meta")
+    with pytest.raises(ValueError, match="k_arena addresses 2147483648 tokens"):
+        check_arena(**args)
+
+
 def test_dims_are_resolved():
     d = check_paged(**_paged(), mask="full", window=99)
     assert (d.batch, d.block_size, d.num_q_heads, d.num_kv_heads, d.head_dim, d.group) == (B, QB, HQ, HKV, D, 2)
