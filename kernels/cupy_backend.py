@@ -1483,7 +1483,7 @@ def _check_kernel_inputs(ref: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 def _outer_stride(cache: torch.Tensor) -> int:
     """Elements from one page (slot) of `cache` to the next; a cache of one page has no stride
     of its own (torch reports any), so one packed page."""
-    return cache.stride(0) if cache.shape[0] > 1 else cache[0].numel()
+    return cache.stride(0) if cache.shape[0] > 1 else math.prod(cache.shape[1:])  # 0 pages: one page's
 
 
 def loc_stride(cache: torch.Tensor, page_size: int | None) -> int:
@@ -1491,7 +1491,7 @@ def loc_stride(cache: torch.Tensor, page_size: int | None) -> int:
     packed pages of Hkv * page * D elements for pages [., Hkv, page, D] (1 when packed, 2 for
     TensorRT-LLM's K/V pool views), token rows of Hkv * D for an arena [., max_ctx, Hkv, D].
     The contract already checked that each page or slot is packed."""
-    unit = cache[0].numel() if page_size else cache.shape[2] * cache.shape[3]
+    unit = math.prod(cache.shape[1:]) if page_size else cache.shape[2] * cache.shape[3]
     stride = _outer_stride(cache)
     if stride % unit or stride // unit * cache.shape[0] >= 2**31:
         what = "one packed page" if page_size else "num_kv_heads * head_dim"

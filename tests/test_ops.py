@@ -386,6 +386,16 @@ def _plan(cb, backend, case, layout="paged", **kw):
     return key, backend._plan_attention(key, check(*case, *extra), layout, args)
 
 
+def test_the_page_stride_of_a_pool_of_zero_or_one_pages():
+    """A pool of one page has no stride of its own, and one of no pages (every request empty:
+    the contract takes it) none at all: both read as packed pages, not an IndexError."""
+    from drafter_attn.kernels.cupy_backend import loc_stride
+
+    for n in (0, 1, 5):
+        assert loc_stride(torch.empty(n, HKV, PS, D), PS) == 1
+        assert loc_stride(torch.empty(n, 40, HKV, D), None) == 40
+
+
 def test_attention_plan_packs_shapes_once(planning):
     cb, backend = planning
     case, pool = trtllm_pool_case("cpu", batch=1, max_pages=32, num_pages=40)
