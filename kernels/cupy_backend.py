@@ -47,7 +47,8 @@ MASK_CODE = {"full": 0, "sliding": 1, "sliding_causal": 2}
 SMEM_LIMIT = 227 * 1024  # opt-in dynamic shared memory per block on SM90/SM100
 SMEM_PER_SM = 228 * 1024
 REGS_PER_SM = 65536
-_COUNTER_SLOTS = 65536  # max batch of one store launch
+MAX_BATCH = 65535  # requests a call: the attention grid's z and the store grid's y dimension
+_COUNTER_SLOTS = MAX_BATCH  # the store's per-request arrival counters, one buffer a device
 
 
 @dataclass(frozen=True)
@@ -661,6 +662,8 @@ def problem_reason(problem: Problem, tile_n: int, head_dims=HEAD_DIMS,
         return f"block_size {g.block_size} exceeds tile_n {tile_n}"
     if problem.layout == "paged" and problem.page_size not in page_sizes:
         return f"page_size {problem.page_size} not supported ({page_sizes[0]}..{page_sizes[-1]})"
+    if problem.batch > MAX_BATCH:
+        return f"batch {problem.batch} exceeds {MAX_BATCH} requests a call (a grid dimension's limit)"
     return None
 
 
@@ -985,8 +988,9 @@ def _counters(index: int, batch: int) -> torch.Tensor:
     Allocated at planning. Planned inside a CUDA-graph capture, the buffer is that graph's own
     temporary: its zero fill is captured just before the store, so every replay starts from
     zero (and what the graph later puts in that memory cannot leak into the next replay)."""
-    if batch > _COUNTER_SLOTS:
-        raise ValueError(f"batch={batch} exceeds {_COUNTER_SLOTS} requests per store call")
+    if batch > MAX_BATCH:
+        raise ValueError(f"batch={batch} exceeds {MAX_BATCH} requests a store call (the grid's y "
+                         f"dimension)")
     if torch.cuda.is_current_stream_capturing():
         return torch.zeros(batch, dtype=torch.int32, device=f"cuda:{index}")
     buf = _counter_bufs.get(index)

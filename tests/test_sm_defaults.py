@@ -366,3 +366,15 @@ def test_other_sms_default_pipelines_match_the_reference(monkeypatch, backend, t
         torch.cuda.synchronize()
         rel = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
         assert torch.isfinite(out).all() and rel < 1e-2, (name, rel)
+
+
+def test_a_batch_past_the_grid_limit_is_refused_before_a_launch():
+    """The attention grid puts the batch in z and the store grid in y: at most 65535 requests a
+    call, refused by supports (and the store's planning) instead of an opaque launch error."""
+    from drafter_attn.kernels.spec import Problem
+
+    g = MAIN.geometry
+    assert cb.supports(Problem(g, "paged", 64, 65535, 2048), None, 90) is None
+    assert "batch 65536 exceeds 65535" in cb.supports(Problem(g, "paged", 64, 65536, 2048), None, 90)
+    with pytest.raises(ValueError, match="batch=65536 exceeds 65535 requests a store call"):
+        cb._counters(0, 65536)
