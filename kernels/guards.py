@@ -73,6 +73,10 @@ class RecentPlans:
 
     def put(self, form, tensors, plan) -> None:
         if self.enabled:
+            if len({id(t) for t in tensors}) != len(tensors):
+                # one tensor passed twice (k_blk as v_blk): torch's check never passes such a
+                # call, so an entry would only be rebuilt, at 7 us, on every call
+                return
             try:
                 self._by_form[form] = (_build(tensors), plan)
             except TypeError:  # not tensors (a plan is only put after validation, so rare)

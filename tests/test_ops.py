@@ -693,6 +693,21 @@ def test_tensor_check_tells_apart_what_a_plan_key_holds():
     assert recent.get("form", (case[0], None, *case[2:])) is None  # not a tensor: a miss
 
 
+def test_a_call_passing_one_tensor_twice_keeps_no_entry(monkeypatch):
+    """k_blk passed as v_blk too: torch's check never passes such a call, so no entry is built
+    for it (one would be rebuilt, at several us, on every call); distinct tensors still are."""
+    from drafter_attn.kernels import guards
+
+    built = []
+    monkeypatch.setattr(guards, "_build", lambda tensors: built.append(len(tensors)) or object())
+    recent = guards.RecentPlans()
+    q, k_blk, _, *rest = paged_case("cpu")
+    recent.put("form", (q, k_blk, k_blk, *rest), "plan")
+    assert built == [] and recent.get("form", (q, k_blk, k_blk, *rest)) is None
+    recent.put("form", (q, k_blk, k_blk.clone(), *rest), "plan")
+    assert built == [7]
+
+
 @pytest.fixture
 def counted_keys(launches, monkeypatch):
     """`launches` with the slow path's key computations and contract checks counted."""
