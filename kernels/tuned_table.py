@@ -799,8 +799,9 @@ def load_table(path, *, include_predicted: bool = False, env: Environment | None
         if env is not None:
             # rows measured elsewhere (another GPU, other kernel sources) never compete: a key
             # whose fastest row was of yesterday's sources still has today's to run
-            skipped = [(f"row {r.get('row_order')}", why) for r in rows if (why := row_mismatch(r, env))]
-            rows = [r for r in rows if not row_mismatch(r, env)]
+            verdicts = [(r, row_mismatch(r, env)) for r in rows]
+            rows = [r for r, why in verdicts if not why]
+            skipped = [(f"row {r.get('row_order')}", why) for r, why in verdicts if why]
             warn_skipped(source, "rows", skipped,
                          effect="measured elsewhere; each key is decided by the rows measured here")
         raw = select_entries(rows, include_predicted=include_predicted, where=source, regime=regime)
