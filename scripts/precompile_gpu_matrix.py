@@ -146,7 +146,7 @@ def shipped_jobs(sm):
             for e in shipped.PICKS if e["sm"] == sm}
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("specs", nargs="*", help="backend specs of the test matrix (default: its BACKENDS)")
     ap.add_argument("--no-tests", action="store_true", help="leave out the test matrix")
@@ -174,6 +174,8 @@ def main(argv=None):
     ap.add_argument("--with-winners", action="store_true", help="with --refine: the winners and "
                     "their runners-up too (`tuner refine --with-winners` measures them all again, so "
                     "--db leaves none out)")
+    ap.add_argument("--again", action="store_true", help="with --refine: accepted as --sustain is "
+                    "(with --with-winners every candidate is compiled already)")
     ap.add_argument("--calls", nargs="+", default=[], metavar="SPEC B CTX PAGE",
                     help="also the attention variant of each paged call of the main preset (the "
                     "diag scripts' case lists: SPEC B CTX PAGE, repeated)")
@@ -182,6 +184,11 @@ def main(argv=None):
     ap.add_argument("--db", help="with --sweep or --refine: leave out the candidates this profile "
                     "database holds")
     ap.add_argument("--sm", type=int, help="target (default: this machine's GPU; no GPU needed if given)")
+    return ap
+
+
+def main(argv=None):
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.sm is None:
         props = torch.cuda.get_device_properties(0)
