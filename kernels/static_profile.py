@@ -26,6 +26,10 @@ from drafter_attn.kernels.presets import PRESETS
 
 DEFAULT_SMS = (90, 100, 103)
 DEFAULT_PAGES = (16, 64, 128)
+# (batch, context) calls either side of where the cupy defaults change: one request (lean copies,
+# the split combine a CTA a row), a long context (TMA from kernels.cupy_backend.TMA_MIN_CTX) and
+# a batch (TMA from TMA_MIN_BATCH, the combine a warp a row)
+DEFAULT_CALLS = ((1, 0), (1, 131072), (8, 0))
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,8 @@ class Variant:
 def cupy_default_variants(page_sizes=DEFAULT_PAGES, presets=None,
                           sms=DEFAULT_SMS) -> list[Variant]:
     """The cupy backend's default-parameter variants for every preset geometry, layout and SM
-    (sm_90 variants use wgmma where the shape allows, other targets mma.sync)."""
+    (sm_90 variants use wgmma where the shape allows, other targets mma.sync), at batches and
+    contexts either side of where the defaults change (`DEFAULT_CALLS`): each distinct one once."""
     from drafter_attn.kernels import cupy_backend as cb
     from drafter_attn.kernels.spec import Problem
 
@@ -62,13 +67,14 @@ def cupy_default_variants(page_sizes=DEFAULT_PAGES, presets=None,
     for sm in sms:
         for geom in (presets or PRESETS).values():
             for page in (*page_sizes, None):
-                problem = Problem(geom, "paged" if page else "arena", page, 1, 0)
-                params = cb.default_params(problem, sm)
-                defines = cb.variant_defines(geom.dtype, geom.head_dim, page, geom.block_size,
-                                             geom.group, params, sm)
-                key = tuple(sorted(defines.items()))
-                smem = params.smem_bytes(geom.head_dim, defines["NUM_WARPS"], defines["WGMMA"], page)
-                out[(sm, key)] = Variant("cupy", cb.SOURCE, key, smem, cb.NVRTC_OPTIONS, sm)
+                for batch, ctx in DEFAULT_CALLS:
+                    problem = Problem(geom, "paged" if page else "arena", page, batch, ctx)
+                    params = cb.default_params(problem, sm)
+                    defines = cb.variant_defines(geom.dtype, geom.head_dim, page, geom.block_size,
+                                                 geom.group, params, sm)
+                    key = tuple(sorted(defines.items()))
+                    smem = params.smem_bytes(geom.head_dim, defines["NUM_WARPS"], defines["WGMMA"], page)
+                    out[(sm, key)] = Variant("cupy", cb.SOURCE, key, smem, cb.NVRTC_OPTIONS, sm)
     return list(out.values())
 
 

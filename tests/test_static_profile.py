@@ -64,7 +64,7 @@ def test_sm_90a_keeps_its_measured_variants(rows):
     whose rows go to 3 one-warpgroup CTAs (the cubins are the ones the H200 measured)."""
     got = {r["variant"].split(":", 3)[3] for r in rows
            if r["sm"] == 90 and r["kernel"] == "drafter_attention"}
-    assert {v.split(",stages=")[1] for v in got} == {"3,tile_n=64,wgmma=1"}
+    assert all({"stages=3", "tile_n=64", "wgmma=1"} <= set(v.split(",")) for v in got), got
     assert {"row_split=3" in v for v in got} == {True, False}  # laguna, and the rest
 
 
@@ -78,3 +78,16 @@ def test_sass_uses_tensor_cores_and_never_traps(rows):
         assert want in r["mma"].split("+"), (r["sm"], r["variant"], r["mma"])
     assert any("wgmma=1" in r["variant"] for r in attn if r["sm"] == 90), \
         "no sm_90a default variant took the wgmma path"
+
+
+def test_the_profile_covers_the_defaults_of_every_call_size():
+    """The defaults change with the call (TMA copies from a batch of TMA_MIN_BATCH or a context
+    of TMA_MIN_CTX on SM 90, lean copies below, the combine's form by rows): the profile holds
+    the variants of each side, not only those of one request at no context."""
+    from drafter_attn.kernels import cupy_backend as cb
+
+    assert (1, cb.TMA_MIN_CTX) in sp.DEFAULT_CALLS and (cb.TMA_MIN_BATCH, 0) in sp.DEFAULT_CALLS
+    defines = [dict(v.defines) for v in sp.cupy_default_variants(sms=(90,))]
+    assert {d.get("TMA_LOADS", 0) for d in defines} == {0, 1}  # a define left out is its default
+    assert {d.get("LEAN", 0) for d in defines} == {0, 1}
+    assert {d.get("COMBINE_CTA", 0) for d in defines} == {0, 1}
