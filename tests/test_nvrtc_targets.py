@@ -164,7 +164,9 @@ def test_compile_all_means_every_nvrtc_target_from_80(capsys, monkeypatch):
 
 
 def test_compile_sm_107_stores_its_profile(capsys, monkeypatch, tmp_path):
-    """`tuner compile --sm 107` on this CPU machine: one real NVRTC compile, stored per SM."""
+    """`tuner compile --sm 107` on this CPU machine: real NVRTC compiles, stored per SM (the
+    arena variant of one request, whose split combine runs a CTA a row, and of a batch: 2 x 3
+    kernels)."""
     _need_nvrtc()
     if 107 not in nvrtc.supported_sms():
         pytest.skip(f"NVRTC {nvrtc.nvrtc_version()} predates SM 107 (13.4+)")
@@ -175,7 +177,7 @@ def test_compile_sm_107_stores_its_profile(capsys, monkeypatch, tmp_path):
     rc, out, err = _run(capsys, "compile", "--sm", "107", "--presets", "gpt-oss-20b-dflash",
                         "--pages", "", "--backend", "cupy", "--workers", "1", "--db", db)
     assert rc == 0, err
-    assert "static compile profile" in out and "3 kernel profiles stored" in err
+    assert "static compile profile" in out and "6 kernel profiles stored" in err
     rc, out, _ = _run(capsys, "show", "--compile", "--sm", "107", "--db", db, "--format", "json")
     rows = json.loads(out)
     assert {r["kernel"] for r in rows} == {"drafter_attention", "drafter_combine", "drafter_store"}
