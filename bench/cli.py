@@ -11,7 +11,8 @@
 
 Exit status: 0 done; 1 measured, but some measurement failed (a wrong or crashing kernel);
 2 the command cannot run as asked (options, no CUDA GPU, --sm not this GPU, no database);
-130 interrupted (Ctrl-C): the rows measured so far are recorded and written.
+130 interrupted (Ctrl-C or SIGTERM): the rows measured so far are recorded and written (decode.csv
+holds every row the moment it is measured, so even a run killed outright leaves them).
 """
 
 from __future__ import annotations

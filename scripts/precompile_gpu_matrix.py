@@ -160,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--refine", metavar="TABLE", help="also every variant `tuner refine TABLE` "
                     "measures with --set and --where")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="with --refine")
+    ap.add_argument("--impl", default="cupy", help="with --refine: the backend whose winners it refines")
     ap.add_argument("--where", action="append", default=[], metavar="NAME", help="with --refine")
     ap.add_argument("--max-batch", type=int, metavar="N", help="with --refine")
     ap.add_argument("--min-batch", type=int, metavar="N", help="with --refine")
@@ -215,8 +216,8 @@ def main(argv=None):
         from drafter_attn.kernels.registry import parse_spec
         from drafter_attn.tuner.refine import refine_candidates
 
-        sets = parse_spec("cupy:" + ",".join(args.set))[1] if args.set else {}
-        found = refine_candidates(args.refine, sets, tuple(args.where), max_batch=args.max_batch,
+        sets = parse_spec(f"{args.impl}:" + ",".join(args.set))[1] if args.set else {}
+        found = refine_candidates(args.refine, sets, tuple(args.where), args.impl, max_batch=args.max_batch,
                                   with_winners=args.with_winners, min_batch=args.min_batch,
                                   min_ctx=args.min_ctx, max_ctx=args.max_ctx, preset=args.preset,
                                   min_tokens=args.min_tokens, with_default=args.with_default)[0]

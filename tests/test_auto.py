@@ -259,3 +259,18 @@ def test_cli_auto_refuses_a_named_source_that_is_not_there(tmp_path, capsys):
     for option in ("--table", "--db"):
         assert main([*argv, option, str(tmp_path / "typo.json")]) == 2
         assert f"no tuned table or profile database at {tmp_path / 'typo.json'}" in capsys.readouterr().err
+
+
+def test_cli_auto_with_a_named_source_says_nothing_is_missing(tmp_path, capsys, monkeypatch):
+    """Where the default source is missing but --with brings the measurements, the answer comes
+    from them, without a "nothing measured" line beside it."""
+    path = tmp_path / "more.db"
+    rows = [dict(layout=lay, page=64, batch=8, ctx=8192, median_us=100.0) for lay in ("paged", "arena")]
+    build_db(path, {"h": (H200, rows)})
+    monkeypatch.delenv("DRAFTER_TUNED_TABLE", raising=False)
+    monkeypatch.setenv("DRAFTER_DB", str(tmp_path / "none.db"))
+    argv = ["auto", "--preset", PRESET, "--page", "64", "--max-ctx", "8192", "--concurrency", "8",
+            "--with", str(path), "--format", "json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["recommendation"] == "paged" and not any("nothing measured" in m for m in doc["missing"])

@@ -438,6 +438,23 @@ def test_a_failed_write_leaves_no_truncated_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["plot.png"] and target.read_bytes() == b"old plot"
 
 
+def test_a_file_written_whole_keeps_the_mode_a_plain_write_gives(tmp_path):
+    """A tuned table exported for a service must stay readable to it: the temporary file's
+    owner-only mode does not carry over; a new file gets the umask's mode, an existing one its own."""
+    import os
+    import stat
+
+    new = write_whole(tmp_path / "t.json", lambda tmp: tmp.write_text("{}"))
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(new.stat().st_mode) == 0o666 & ~mask
+    old = tmp_path / "shared.json"
+    old.write_text("[]")
+    old.chmod(0o640)
+    write_whole(old, lambda tmp: tmp.write_text("{}"))
+    assert stat.S_IMODE(old.stat().st_mode) == 0o640 and old.read_text() == "{}"
+
+
 # ---------------------------------------------------------------------------------------------
 # The contract: numpy scalars are numbers; bad values name the argument; no store writes one row twice
 

@@ -9,7 +9,7 @@ from drafter_attn.tuner import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 # how a refine runs, not what it measures: nothing of its own to compile
-RUN_ONLY = {"-h", "--help", "--db", "--timeout", "--retry-failed", "--dry-run", "--no-progress", "--impl"}
+RUN_ONLY = {"-h", "--help", "--db", "--timeout", "--retry-failed", "--dry-run", "--no-progress"}
 
 
 def _options(parser) -> set[str]:

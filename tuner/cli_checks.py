@@ -102,6 +102,12 @@ def writable_file(path, option: str = "--out") -> Path:
     return path
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_whole(path, write) -> Path:
     """Call write(tmp) on a temporary file beside `path`, then move it over `path`: a failure (a
     full disk) leaves the old file or none, never a truncated one."""
@@ -110,6 +116,9 @@ def write_whole(path, write) -> Path:
     os.close(fd)
     try:
         write(Path(tmp))
+        # mkstemp makes the file its owner's alone: give it the mode the file had, or the one a
+        # plain open would (a table exported for a service must stay readable to it)
+        os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

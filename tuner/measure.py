@@ -41,6 +41,12 @@ def roofline_row(median_us: float, nbytes: int, copy_bytes_per_s: float) -> dict
                 roofline_fraction=achieved / copy_bytes_per_s)
 
 
+def _needs_flush(nbytes: int) -> bool:
+    import torch
+
+    return nbytes < FLUSH_BELOW_L2_MULTIPLE * _l2_bytes(torch.cuda.current_device())
+
+
 @functools.cache
 def _l2_bytes(index: int) -> int:
     import torch
@@ -75,8 +81,11 @@ def time_fn(fn, nbytes: int, reps: int = 0, eager: bool = False, sustain_s: floa
 
     from drafter_attn.tuner import floors, roofline, timing
 
-    cold = nbytes < FLUSH_BELOW_L2_MULTIPLE * _l2_bytes(torch.cuda.current_device())
-    timer = _timer(fn, eager, timing.co_load(sustain_load) if sustain_s else None)
+    cold = _needs_flush(nbytes)
+    load = timing.co_load(sustain_load) if sustain_s else None
+    co_loaded = load is not None
+    timer = _timer(fn, eager, load)
+    del load  # its operands live as long as the timer
     if not reps:
         reps = choose_reps(timer(5, warmup=2, cold_l2=cold).median_us)
     first = timer(reps, cold_l2=cold, sustain_s=sustain_s)
@@ -84,7 +93,9 @@ def time_fn(fn, nbytes: int, reps: int = 0, eager: bool = False, sustain_s: floa
     del timer
     row = dict(median_us=first.median_us, p10_us=first.p10_us, p90_us=first.p90_us,
                mean_us=first.mean_us, min_us=first.min_us, count=first.count,
-               repeat_median_us=second.median_us, l2_flushed=cold, sm_clock_mhz=first.sm_mhz,
+               # a co-runner's replays are flushed whatever the size (timing._each_timed)
+               repeat_median_us=second.median_us, l2_flushed=cold or co_loaded,
+               sm_clock_mhz=first.sm_mhz,
                **roofline_row(first.median_us, nbytes, roofline.copy_bandwidth()),
                **floors.read_floor(nbytes).row(first.median_us),
                graph_fixed_us=floors.empty_graph_us())
@@ -101,12 +112,13 @@ def time_step(step, reps: int = 0, eager: bool = False, sustain_s: float = 0.0,
 
     row, reps = time_fn(step.run, step.bytes_moved, reps, eager=eager, sustain_s=sustain_s,
                         sustain_load=sustain_load)
+    cold = _needs_flush(step.bytes_moved)  # the halves' own: the store has no co-runner
     for name, fn in (("attention", step.attention_only), ("store", step.store_only)):
         load = timing.co_load(sustain_load) if sustain_s and name == "attention" else None
         timer = _timer(fn, eager, load)
         # the store alone moves a few hundred KB: its own load never brings the clock down, so
         # it is not sustained (which would only cost the time)
-        t = timer(reps, cold_l2=row["l2_flushed"], sustain_s=sustain_s if name == "attention" else 0.0)
+        t = timer(reps, cold_l2=cold, sustain_s=sustain_s if name == "attention" else 0.0)
         del timer, load
         row.update({f"{name}_median_us": t.median_us, f"{name}_p10_us": t.p10_us,
                     f"{name}_p90_us": t.p90_us})

@@ -12,7 +12,9 @@
                                             # (their K/V would not fit the GPU; default: none)
     dtypes = ["bfloat16"]                   # default: each geometry's own dtype
     masks = ["preset"]                      # "preset", "full", "sliding:W", "sliding_causal:W"
-    accepted = 16                           # mean rows stored per request (default: block size)
+    accepted = 16                           # mean rows stored per request (default: block size;
+                                            # fewer is another workload: its rows are recorded
+                                            # but never decide a tuned table's key)
     timeout_s = 600                         # per candidate, in its worker
     reps = 0                                # timed replays; 0 = chosen from the step's length
     nsys = false                            # also run Nsight Systems per candidate (tuner.nsys finds it)

@@ -244,6 +244,7 @@ def cmd_auto(args) -> int:
             return _fail("auto", exc)
     if more:
         entries = merge_entries(entries, *more)
+        note = None if entries else note  # the named sources measured it: nothing is missing
     rec = recommend(d, entries, args.sm, latency_tolerance=args.tolerance, hit_lengths=args.hit_lengths)
     sources = ", ".join([str(source)] + list(args.more or []))
     if args.format == "json":
