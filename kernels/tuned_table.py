@@ -40,6 +40,7 @@ named in one place (`DB_ROWS_SQL`); `tuner export` writes through `select_entrie
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -626,10 +627,29 @@ def _mismatch(prov: Mapping, impls: set, env: Environment, classes: Mapping) -> 
                 f"found {short(found)!r}")
     recorded = prov.get("versions") if isinstance(prov.get("versions"), Mapping) else {}
     for lib in checked:
-        want = env.versions.get(lib)
-        if want is not None and recorded.get(lib) != want:
-            return f"{lib} version: expected {want!r}, found {recorded.get(lib)!r}"
+        want, found = env.versions.get(lib), recorded.get(lib)
+        # NVRTC: the same major version compiles the same sources to close code (a pip install
+        # resolves the newest 13.x while a GPU machine keeps its toolkit's): used, and said so
+        # (`nvrtc_drift`); CUTLASS's headers are part of the code, so its version must match
+        same = _major(found) == _major(want) if lib == "nvrtc" else found == want
+        if want is not None and not same:
+            return f"{lib} version: expected {want!r}, found {found!r}"
     return None
+
+
+def _major(version) -> str | None:
+    return str(version).split(".")[0] if version else None
+
+
+def nvrtc_drift(entry: Entry, env: Environment) -> tuple[str, str] | None:
+    """(measured, here) when `entry` was measured with another minor NVRTC version than this
+    process compiles with (a matching entry otherwise), else None."""
+    if not _versions_checked({c.impl for c in entry.candidates}):
+        return None
+    versions = entry.provenance.get("versions")
+    found = versions.get("nvrtc") if isinstance(versions, Mapping) else None
+    want = env.versions.get("nvrtc")
+    return (found, want) if want is not None and found != want else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -762,13 +782,15 @@ def parse_entries(raw, where: str, *, env: Environment | None = None, gpu_classe
     """Typed entries of `raw` (JSON objects or Entry); each unusable one (bad field, unknown
     backend or parameter, another GPU, kernel sources or library version) is left out, with one
     warning for all of them. `env` None: no environment comparison."""
-    out, skipped = [], []
+    out, skipped, drift = [], [], collections.Counter()
     for i, d in enumerate(raw):
         try:
             typed = isinstance(d, Entry)  # already checked when it was loaded
             e = d if typed else Entry.parse(d, f"entries[{i}]")
             why = (None if typed else _backend_problem(e)) or (
                 mismatch(e, env, gpu_classes or {}) if env else None)
+            if not why and env:
+                drift[nvrtc_drift(e, env)] += 1
         except EntryError as exc:
             why = str(exc).removeprefix(f"entries[{i}].").removeprefix(f"entries[{i}] ")
         except Exception as exc:  # whatever an entry holds, loading goes on
@@ -778,6 +800,12 @@ def parse_entries(raw, where: str, *, env: Environment | None = None, gpu_classe
         elif include_predicted or e.kind != "predicted":
             out.append(e)
     warn_skipped(where, "entries", skipped)
+    for versions, n in drift.items():
+        if versions is not None:
+            warnings.warn(f"{where}: {n} entries measured with NVRTC {versions[0]} run with NVRTC "
+                          f"{versions[1]} here: used as measured (the same major version; its code "
+                          f"may differ a little: `tuner refine --with-winners` times them again)",
+                          RuntimeWarning, stacklevel=2)
     return out
 
 

@@ -80,7 +80,7 @@ def test_matching_entries_are_used(tmp_path):
     (Environment("NVIDIA H100 80GB HBM3", "src-a", {"nvrtc": "13.0"}), "gpu", "NVIDIA H100 80GB HBM3",
      "NVIDIA H200"),
     (Environment("NVIDIA H200", "src-b", {"nvrtc": "13.0"}), "sources_hash", "src-b", "src-a"),
-    (Environment("NVIDIA H200", "src-a", {"nvrtc": "13.1"}), "nvrtc version", "13.1", "13.0"),
+    (Environment("NVIDIA H200", "src-a", {"nvrtc": "14.0"}), "nvrtc version", "14.0", "13.0"),
 ])
 def test_a_foreign_entry_is_a_miss_with_one_warning(tmp_path, env, field, expected, found):
     for path, what in ((_table(tmp_path), "entries"), (_db(tmp_path, name="q.db"), "rows")):  # alike
@@ -103,6 +103,17 @@ def test_a_database_key_is_decided_by_the_rows_measured_here(tmp_path):
     assert "2 rows left out (measured elsewhere" in message and "sources_hash" in message
     pick = d.pick(_problem(), 90)
     assert pick.tier == "exact" and dict(pick.params) == slow["params"]
+
+
+def test_another_minor_nvrtc_uses_the_entry_and_says_so(tmp_path):
+    """A pip install resolves the newest NVRTC 13.x while the GPU machine that measured the table
+    keeps its toolkit's 13.0: the same major version compiles the same sources to close code, so
+    the entries are used (not all misses), with one warning naming both versions."""
+    here = Environment("NVIDIA H200", "src-a", {"nvrtc": "13.5"})
+    for path in (_table(tmp_path), _db(tmp_path, name="q.db")):
+        d, message = _load_one_warning(path, here)
+        assert "1 entries measured with NVRTC 13.0 run with NVRTC 13.5 here: used as measured" in message
+        assert d.pick(_problem(), 90).tier == "exact"
 
 
 def test_gpu_classes_declare_compatible_gpus(tmp_path):
