@@ -704,7 +704,32 @@ def supports(problem: Problem, params: Params | None = None, sm: int | None = No
     if reason:
         return f"tile_n={params.tile_n} stages={params.stages} {reason}"
     return (overlap_reason(params, g.head_dim, warps, sm) or tma_reason(params, g.head_dim, warps, sm)
-            or trim_reason(params, g.head_dim, warps, sm) or ws_knobs_reason(params))
+            or trim_reason(params, g.head_dim, warps, sm) or ws_knobs_reason(params)
+            or min_ctas_reason(params, g.head_dim, warps, sm))
+
+
+# Registers a thread of the wgmma path needs at the least: below them ptxas refuses the kernel
+# (C7602, "Insufficient registers"; min_ctas=6 on the 4-warp variant, 2 on laguna's 9 warps)
+WGMMA_MIN_REGISTERS = 96
+
+
+def min_ctas_reason(params: Params, head_dim: int, warps: int, sm: int | None) -> str | None:
+    """Why `min_ctas` leaves a wgmma variant's threads too few registers to compile, or None
+    (`__launch_bounds__(threads, min_ctas)` caps them at 64K / (threads x min_ctas), in 8s)."""
+    if params.min_ctas <= 1 or params.ws or sm is None:
+        return None
+    try:
+        wgmma = use_wgmma(params, head_dim, warps, sm)
+    except ValueError:  # refused above for its own reason
+        return None
+    if not wgmma:
+        return None
+    threads = 32 * padded_warps(warps)
+    registers = 65536 // (threads * params.min_ctas) // 8 * 8
+    if registers < WGMMA_MIN_REGISTERS:
+        return (f"min_ctas={params.min_ctas} leaves each of a {threads}-thread CTA's threads "
+                f"{registers} registers; the wgmma path needs {WGMMA_MIN_REGISTERS}")
+    return None
 
 
 def tunables(problem: Problem | None = None) -> dict[str, list]:

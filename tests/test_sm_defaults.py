@@ -378,3 +378,19 @@ def test_a_batch_past_the_grid_limit_is_refused_before_a_launch():
     assert "batch 65536 exceeds 65535" in cb.supports(Problem(g, "paged", 64, 65536, 2048), None, 90)
     with pytest.raises(ValueError, match="batch=65536 exceeds 65535 requests a store call"):
         cb._counters(0, 65536)
+
+
+def test_a_min_ctas_the_wgmma_path_cannot_compile_is_refused_before_compiling():
+    """`__launch_bounds__(threads, min_ctas)` caps a thread's registers: below 96 ptxas refuses the
+    wgmma kernels (C7602), so supports says so first; mma.sync and fitting values pass."""
+    import dataclasses
+
+    base = cb.default_params(MAIN, 90)
+    assert cb.supports(MAIN, dataclasses.replace(base, min_ctas=5), 90) is None  # 96 registers
+    assert "min_ctas=6 leaves each of a 128-thread CTA's threads 80 registers" in \
+        cb.supports(MAIN, dataclasses.replace(base, min_ctas=6), 90)
+    laguna = Problem(PRESETS["laguna-dflash"], "paged", 64, 8, 8192)
+    padded = registry.from_spec("cupy:wgmma=1,row_split=1,min_ctas=2")  # 9 warps padded to 12
+    assert "384-thread CTA's threads 80 registers" in padded.supports(laguna, 90)
+    sm100 = cb.default_params(MAIN, 100)  # mma.sync: no such floor here
+    assert cb.supports(MAIN, dataclasses.replace(sm100, min_ctas=8), 100) is None
