@@ -48,7 +48,6 @@ SMEM_LIMIT = 227 * 1024  # opt-in dynamic shared memory per block on SM90/SM100
 SMEM_PER_SM = 228 * 1024
 REGS_PER_SM = 65536
 MAX_BATCH = 65535  # requests a call: the attention grid's z and the store grid's y dimension
-_COUNTER_SLOTS = MAX_BATCH  # the store's per-request arrival counters, one buffer a device
 
 
 @dataclass(frozen=True)
@@ -1020,7 +1019,7 @@ def _counters(index: int, batch: int) -> torch.Tensor:
         return torch.zeros(batch, dtype=torch.int32, device=f"cuda:{index}")
     buf = _counter_bufs.get(index)
     if buf is None:
-        buf = _counter_bufs[index] = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32,
+        buf = _counter_bufs[index] = torch.zeros(MAX_BATCH, dtype=torch.int32,
                                                  device=f"cuda:{index}")
     return buf
 

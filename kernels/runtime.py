@@ -352,19 +352,20 @@ class Runtime:
         check = contract.check_paged if layout == "paged" else contract.check_arena
         dims = check(*args, mask, window, scale, max_ctx)  # a bad input: ValueError naming it
         q = args[0]
-        if dims.batch == 0:  # nothing to pick for; not what this cache's stores should follow
-            b = _empty_batch()
-            with self._lock:
-                if key is not None:
-                    self._bound[key] = b
-            return b
+        if dims.batch == 0:  # nothing to pick for, nor what this cache's stores should follow
+            return self._remember(key, _empty_batch())
         problem = Problem.from_dims(dims, dims.plan_ctx)  # the capacity, or the hint's plan
-        b = self._bind_on(self._choose(problem, q.device), q.device)
+        b = self._remember(key, self._bind_on(self._choose(problem, q.device), q.device))
         with self._lock:
-            if key is not None:
-                self._bound[key] = b
             self._cache_impl[(layout, q.device, q.dtype, dims.num_kv_heads, dims.head_dim,
                               dims.page_size)] = b
+        return b
+
+    def _remember(self, key, b: _Bound) -> _Bound:
+        """`b` as the binding of `key` (None: a call without a key, bound every time)."""
+        if key is not None:
+            with self._lock:
+                self._bound[key] = b
         return b
 
     def _store_binding(self, layout, k_new, cache, table, args) -> _Bound:
@@ -387,11 +388,7 @@ class Runtime:
         check = contract.check_store_paged if layout == "paged" else contract.check_store_arena
         dims = check(*args)
         if dims.batch == 0:
-            b = _empty_batch()
-            if key is not None:
-                with self._lock:
-                    self._bound[key] = b
-            return b
+            return self._remember(key, _empty_batch())
         g = self.geometry
         if g is not None and (g.num_kv_heads, g.head_dim) == (dims.num_kv_heads, dims.head_dim):
             g = g.with_(num_layers=1, dtype=str(dims.dtype).removeprefix("torch."))
@@ -399,8 +396,4 @@ class Runtime:
             g = Geometry(dims.num_kv_heads, dims.num_kv_heads, dims.head_dim, 1,
                          dtype=str(dims.dtype).removeprefix("torch."))
         problem = Problem(g, layout, dims.page_size, dims.batch, dims.capacity)
-        b = self._bind_on(self._choose(problem, k_new.device), k_new.device)
-        if key is not None:
-            with self._lock:
-                self._bound[key] = b
-        return b
+        return self._remember(key, self._bind_on(self._choose(problem, k_new.device), k_new.device))

@@ -789,8 +789,8 @@ def parse_entries(raw, where: str, *, env: Environment | None = None, gpu_classe
             e = d if typed else Entry.parse(d, f"entries[{i}]")
             why = (None if typed else _backend_problem(e)) or (
                 mismatch(e, env, gpu_classes or {}) if env else None)
-            if not why and env:
-                drift[nvrtc_drift(e, env)] += 1
+            if not why and env and (versions := nvrtc_drift(e, env)):
+                drift[versions] += 1
         except EntryError as exc:
             why = str(exc).removeprefix(f"entries[{i}].").removeprefix(f"entries[{i}] ")
         except Exception as exc:  # whatever an entry holds, loading goes on
@@ -801,11 +801,10 @@ def parse_entries(raw, where: str, *, env: Environment | None = None, gpu_classe
             out.append(e)
     warn_skipped(where, "entries", skipped)
     for versions, n in drift.items():
-        if versions is not None:
-            warnings.warn(f"{where}: {n} entries measured with NVRTC {versions[0]} run with NVRTC "
-                          f"{versions[1]} here: used as measured (the same major version; its code "
-                          f"may differ a little: `tuner refine --with-winners` times them again)",
-                          RuntimeWarning, stacklevel=2)
+        warnings.warn(f"{where}: {n} entries measured with NVRTC {versions[0]} run with NVRTC "
+                      f"{versions[1]} here: used as measured (the same major version; its code "
+                      f"may differ a little: `tuner refine --with-winners` times them again)",
+                      RuntimeWarning, stacklevel=2)
     return out
 
 

@@ -152,10 +152,7 @@ def cmd_refine(args) -> int:
                                                 min_batch=args.min_batch, min_ctx=args.min_ctx,
                                                 max_ctx=args.max_ctx, preset=args.preset,
                                                 min_tokens=args.min_tokens, with_default=args.with_default)
-    except TableError as exc:
-        print(f"tuner refine: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:  # a bad --set or --impl
+    except (TableError, ValueError) as exc:  # the table, or a bad --set or --impl
         print(f"tuner refine: {exc}", file=sys.stderr)
         return 2
     except (KeyError, TypeError) as exc:  # an entry without the fields an exported one has

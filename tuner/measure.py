@@ -236,7 +236,7 @@ def measure_step(wire: dict, make_step, *, reps: int = 0, nsys: bool = False,
         reason = registry.supports(backend.with_params(**c.params_dict), c.problem, _device_sm())
         if reason:
             return dict(status="unsupported", reason=reason, elapsed_s=time.perf_counter() - t0)
-        timing.flush_buffer_bytes()  # the timings' L2 flush buffer, allocated before `outside`
+        timing.ensure_flush_buffer()  # before `outside`: the timings' buffer, not the step's
         outside = torch.cuda.memory_allocated()  # live before the step: not its memory
         step = make_step(c, backend)
         # A reference that stalls the host on purpose (reference-syncing) cannot be captured:

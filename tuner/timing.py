@@ -86,12 +86,10 @@ def steady(time_once, retries: int = RETRIES, spread: float = NOISY_SPREAD) -> T
     return best
 
 
-def flush_buffer_bytes(device_index: int | None = None) -> int:
-    """The L2 flush's buffer on the device, allocated now if it was not: what a measurement
-    of memory leaves out (it lives for the process, outside any step)."""
-    index = torch.cuda.current_device() if device_index is None else device_index
-    buf = _flush_buffer(index)
-    return buf.numel() * buf.element_size()
+def ensure_flush_buffer() -> None:
+    """Allocate the L2 flush's buffer on the current device now, if it was not: it lives for the
+    process, outside any step, so a measurement of memory allocates it before it starts."""
+    _flush_buffer(torch.cuda.current_device())
 
 
 @functools.cache
