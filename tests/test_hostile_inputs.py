@@ -289,6 +289,23 @@ def test_merge_checks_every_source_before_creating_the_destination(tmp_path, cap
     assert rc == 2 and "into itself" in err
 
 
+
+def test_merge_reads_a_source_on_read_only_storage_and_never_writes_it(tmp_path, capsys):
+    """A WAL source whose folder takes no side files (read-only storage, stood in for as above):
+    ATTACH opened it read-write and failed ("unable to open database file"); the merge reads it
+    read-only, adds its rows, and leaves the folder as it was."""
+    (tmp_path / "ro").mkdir()
+    src = _valid_db(tmp_path / "ro" / "p.db")
+    (tmp_path / "ro" / "p.db-wal").mkdir()
+    (tmp_path / "ro" / "p.db-shm").mkdir()
+    before = _snapshot(tmp_path / "ro")
+    dst = tmp_path / "dst.db"
+    rc, err = _run(tuner_cli.main, capsys, ["merge", dst, src])
+    assert rc == 0, err
+    with ProfileDB(dst, readonly=True) as merged:
+        assert merged.count() == 2
+    assert _snapshot(tmp_path / "ro") == before
+
 # ---------------------------------------------------------------------------------------------
 # tuner predict: a non-numeric measurement is skipped, nothing half-written
 

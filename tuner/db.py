@@ -534,18 +534,18 @@ def merge(dst: str | os.PathLike, *srcs: str | os.PathLike) -> dict[str, int]:
 
 
 def _merge_one(out: ProfileDB, src, added: dict) -> None:
-    c = out.conn
-    c.execute("ATTACH DATABASE ? AS src", (str(src),))
-    try:
-        with out.transaction():
-            for table, columns in (("environments", ENV_COLUMNS), ("results", RESULT_COLUMNS),
-                                   ("compile_profiles", COMPILE_COLUMNS)):
-                have = {r[1] for r in c.execute(f"PRAGMA src.table_info({table})")}  # older schema: fewer
-                cols = ", ".join(n for n in _names(columns) if n in have)
-                cur = c.execute(f"INSERT OR IGNORE INTO main.{table} ({cols}) SELECT {cols} FROM src.{table}")
-                added[table] += cur.rowcount
-    finally:
-        c.execute("DETACH DATABASE src")
+    # Read through a read-only open, not ATTACH: ATTACH opens the source read-write, which fails
+    # where its folder cannot hold WAL side files (read-only storage) and may checkpoint into a
+    # file that a merge only reads.
+    with ProfileDB(src, readonly=True) as db, out.transaction():
+        for table, columns in (("environments", ENV_COLUMNS), ("results", RESULT_COLUMNS),
+                               ("compile_profiles", COMPILE_COLUMNS)):
+            have = {r[1] for r in db.conn.execute(f"PRAGMA table_info({table})")}  # older schema: fewer
+            names = [n for n in _names(columns) if n in have]
+            cols, marks = ", ".join(names), ", ".join("?" * len(names))
+            cur = out.conn.executemany(f"INSERT OR IGNORE INTO {table} ({cols}) VALUES ({marks})",
+                                       db.conn.execute(f"SELECT {cols} FROM {table}"))
+            added[table] += cur.rowcount
 
 
 # ---------------------------------------------------------------------------------------------
