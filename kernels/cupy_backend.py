@@ -1080,6 +1080,22 @@ _STORE_PTRS = struct.Struct("7P")
 _ATTENTION_WRITES = tuple((8 * i, i) for i in range(10))
 _COMBINE_WRITES = ((0, 8), (8, 9), (16, 7))
 _STORE_WRITES = tuple((8 * i, i) for i in range(7))
+# The byte alignment each tensor of a call needs (0: any), checked whenever its pointer is new,
+# on every path (a misaligned copy faults the CUDA context rather than raising): q, the block's
+# K/V, the caches and the store's new rows go by 16-byte copies (cp.async, uint4), `out` takes
+# 4-byte stores, and torch keeps int32 tensors 4-byte aligned.
+ATTENTION_ALIGN = (("q", 16), ("k_blk", 16), ("v_blk", 16), ("k_cache", 16), ("v_cache", 16),
+                   ("table", 0), ("ctx_lens", 0), ("out", 4))
+STORE_ALIGN = (("k_new", 16), ("v_new", 16), ("num_new", 0), ("k_cache", 16), ("v_cache", 16),
+               ("table", 0), ("ctx_lens", 0))
+
+
+def check_aligned(aligns, ptrs) -> None:
+    """ValueError naming the first pointer of `ptrs` (data_ptr values, in `aligns`' order) that
+    is not aligned as the kernels need; the C runner makes the same check."""
+    for (name, align), ptr in zip(aligns, ptrs):
+        if align and ptr % align:
+            raise ValueError(f"{name}: data_ptr {ptr:#x} is not {align}-byte aligned")
 
 
 @dataclass
@@ -1104,7 +1120,8 @@ class AttentionPlan:
         # the C runner's layout: the call's 8 tensors, then the workspace's two pointers; a TMA
         # plan re-encodes its tensor maps when the caches move, which only the Python path does
         layout = None if self.tma is not None else (
-            8, 10, (_ATTENTION_WRITES, _COMBINE_WRITES)[:2 if self.combine else 1])
+            8, 10, (_ATTENTION_WRITES, _COMBINE_WRITES)[:2 if self.combine else 1],
+            ATTENTION_ALIGN)
         self.launches = LaunchGraph([self.attention] + ([self.combine] if self.combine else []),
                                     self.index, layout)
 
@@ -1128,6 +1145,8 @@ class AttentionPlan:
             ptrs = (q.data_ptr(), k_blk.data_ptr(), v_blk.data_ptr(), kp, vp, table.data_ptr(),
                     ctx_lens.data_ptr(), o, part, lse)
             if ptrs != self.packed:  # a decode loop over static buffers packs nothing
+                if (ptrs[0] | ptrs[1] | ptrs[2] | kp | vp) & 15 or o & 3:  # ATTENTION_ALIGN
+                    check_aligned(ATTENTION_ALIGN, ptrs)
                 _ATTENTION_PTRS.pack_into(self.attention.args, 0, *ptrs)
                 if self.combine is not None:
                     _COMBINE_PTRS.pack_into(self.combine.args, 0, part, lse, o)
@@ -1188,7 +1207,8 @@ class StorePlan:
     packed: tuple = dataclasses.field(default=(), repr=False, compare=False)  # the last pointers
 
     def __post_init__(self):
-        self.launches = (LaunchGraph([self.launch], self.index, (7, 7, (_STORE_WRITES,)))
+        self.launches = (LaunchGraph([self.launch], self.index,
+                                      (7, 7, (_STORE_WRITES,), STORE_ALIGN))
                          if self.launch is not None else None)
 
     def run(self, k_new, v_new, num_new, k_cache, v_cache, table, ctx_lens):
@@ -1205,6 +1225,8 @@ class StorePlan:
             ptrs = (k_new.data_ptr(), v_new.data_ptr(), num_new.data_ptr(), k_cache.data_ptr(),
                     v_cache.data_ptr(), table.data_ptr(), ctx_lens.data_ptr())
             if ptrs != self.packed:
+                if (ptrs[0] | ptrs[1] | ptrs[3] | ptrs[4]) & 15:  # STORE_ALIGN
+                    check_aligned(STORE_ALIGN, ptrs)
                 _STORE_PTRS.pack_into(self.launch.args, 0, *ptrs)
                 self.packed = ptrs
                 self.launches.touch()
@@ -1394,7 +1416,7 @@ class CupyBackend:
 
     def _plan_attention(self, key, dims, layout, args) -> AttentionPlan:
         q, _, _, k_cache, v_cache, table, _, out = args
-        _check_kernel_inputs(q, k_cache, v_cache)
+        _check_kernel_inputs(q, ATTENTION_ALIGN, args)
         if out is not None:
             contract.check_out(out, q)
         p = self._params(dims, q.device)
@@ -1433,7 +1455,7 @@ class CupyBackend:
     def _plan_store(self, key, dims, args) -> StorePlan:
         k_new, _, _, k_cache, v_cache, table, _ = args
         table_stride = table.shape[1] if table.dim() == 2 else 1
-        _check_kernel_inputs(k_new, k_cache, v_cache)
+        _check_kernel_inputs(k_new, STORE_ALIGN, args)
         head_dims, page_sizes = self.family.HEAD_DIMS, self.family.PAGE_SIZES
         if dims.head_dim not in head_dims:
             raise ValueError(f"k_new: head_dim {dims.head_dim} not compiled (supported: {head_dims})")
@@ -1499,13 +1521,11 @@ def _tma_maps(k_cache: torch.Tensor, v_cache: torch.Tensor, page_size: int | Non
     return TmaMaps(str(k_cache.dtype).removeprefix("torch."), *geos)
 
 
-def _check_kernel_inputs(ref: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-    """What the kernels need beyond the contract: CUDA tensors, 16-byte aligned caches."""
+def _check_kernel_inputs(ref: torch.Tensor, aligns, tensors) -> None:
+    """What the kernels need beyond the contract: CUDA tensors, each aligned as `aligns` says."""
     if ref.device.type != "cuda":
         raise ValueError(f"the CUDA kernels need CUDA tensors, got {ref.device}")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.data_ptr() % 16:
-            raise ValueError(f"{name}: data_ptr {t.data_ptr():#x} is not 16-byte aligned")
+    check_aligned(aligns, [0 if t is None else t.data_ptr() for t in tensors])
 
 
 def _outer_stride(cache: torch.Tensor) -> int:

@@ -197,7 +197,7 @@ def _runner(api, exe, handles, nodes, launches, layout):
     module = native.graph_runner()
     if module is None:
         return None
-    n_tensors, n_sources, writes = layout
+    n_tensors, n_sources, writes, *aligns = layout
     try:
         launch, set_params = (ctypes.cast(fn, _p).value for fn in (api.launch, api.set_params))
     except ctypes.ArgumentError:
@@ -206,7 +206,7 @@ def _runner(api, exe, handles, nodes, launches, layout):
         return module.Runner(launch, set_params, exe.value, n_tensors, n_sources,
                              [(h.value, ctypes.addressof(params), ctypes.addressof(launch_.args),
                                w) for h, params, launch_, w in zip(handles, nodes, launches,
-                                                                   writes)])
+                                                                   writes)], *aligns)
     except (TypeError, ValueError, OverflowError):  # a layout it cannot take: the Python path
         return None
 
@@ -225,10 +225,11 @@ class LaunchGraph:
     the launches' packed arguments are shared."""
 
     def __init__(self, launches, device: int | None = None, layout=None):
-        """`layout`: (n_tensors, n_sources, writes) for the C runner: a call passes n_tensors
-        tensors then n_sources - n_tensors ints, and each launch's `writes` ((byte offset in its
-        packed arguments, source index), ...) say where each one's pointer goes; None: no
-        runner."""
+        """`layout`: (n_tensors, n_sources, writes[, aligns]) for the C runner: a call passes
+        n_tensors tensors then n_sources - n_tensors ints, each launch's `writes` ((byte offset
+        in its packed arguments, source index), ...) say where each one's pointer goes, and
+        `aligns` ((name, bytes), ...) what each tensor's pointer must be a multiple of (the
+        runner raises ValueError before any launch); None: no runner."""
         self.launches, self.device, self.layout = tuple(launches), device, layout
         self.graphs: dict[int, _Graph] = {}  # by raw stream handle
         # the C runners of the graphs that have one, by stream: `runners[stream](stream,

@@ -379,6 +379,46 @@ def test_new_cache_addresses_between_calls(backend):
         _assert_close(impl.paged_attention(q, kb, vb, *cache), ref, geom.dtype)
 
 
+def _shifted(t: torch.Tensor, elems: int) -> torch.Tensor:
+    """A contiguous copy of `t` whose data_ptr is `elems` elements past an allocation's start:
+    the same shape and strides, so a planned call's fast path takes it."""
+    flat = torch.empty(t.numel() + elems, dtype=t.dtype, device=t.device)
+    view = flat[elems:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize("backend", ["cupy", "cupy:tma=1", "cupy:ws=2", "cutlass"])
+def test_a_misaligned_tensor_is_refused_on_every_call_and_the_gpu_stays_usable(backend):
+    """The kernels copy q, the block's K/V and the caches in 16-byte pieces: a tensor 2 bytes off
+    (same shape and strides as a planned call's, so no plan key or guard tells it apart) is a
+    ValueError before any launch, on the C runner's path and in a capture, and the next call is
+    still right (a misaligned copy would have faulted the context)."""
+    impl = _fresh(backend)
+    geom = PRESETS["qwen3-8b-dflash-b16"]
+    gen = torch.Generator().manual_seed(6)
+    lens = [700, 90]
+    q, kb, vb = _block_inputs(geom, len(lens), gen)
+    cache = random_paged_context(geom, lens, 64, "cuda", gen)
+    ref = reference.paged_attention(q, kb, vb, *cache)
+    for _ in range(2):  # the first plans and builds the stream's graph; the second is the runner's
+        _assert_close(impl.paged_attention(q, kb, vb, *cache), ref, geom.dtype)
+    with pytest.raises(ValueError, match="q: data_ptr .* is not 16-byte aligned"):
+        impl.paged_attention(_shifted(q, 1), kb, vb, *cache)
+    with pytest.raises(ValueError, match="k_cache: data_ptr .* is not 16-byte aligned"):
+        impl.paged_attention(q, kb, vb, _shifted(cache[0], 1), *cache[1:])
+    with pytest.raises(ValueError, match="out: data_ptr .* is not 4-byte aligned"):
+        impl.paged_attention(q, kb, vb, *cache, out=_shifted(torch.empty_like(q), 1))
+    graph, vb_off = torch.cuda.CUDAGraph(), _shifted(vb, 3)
+    with pytest.raises(ValueError, match="v_blk: data_ptr"), torch.cuda.graph(graph):
+        impl.paged_attention(q, kb, vb_off, *cache)  # the Python path, inside a capture
+    torch.cuda.synchronize()
+    _assert_close(impl.paged_attention(q, kb, vb, *cache), ref, geom.dtype)
+    # a plan's first call checks as well
+    with pytest.raises(ValueError, match="q: data_ptr .* is not 16-byte aligned"):
+        _fresh(backend).paged_attention(_shifted(q, 4), kb, vb, *cache)
+
+
 # ---------------------------------------------------------------------------------------------
 # engine pools, out=, capture from the first call, DRAFTER_CHECKS=0 (issue 13)
 

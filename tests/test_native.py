@@ -68,7 +68,7 @@ class Driver:
                          ctypes.c_void_p.from_address(ctypes.addressof(a) + 8).value))
         return 0
 
-    def runner(self, nodes, n_tensors, n_sources):
+    def runner(self, nodes, n_tensors, n_sources, *aligns):
         for handle, args, _ in nodes:
             self.args[handle] = args
         module = native.graph_runner()
@@ -77,7 +77,7 @@ class Driver:
         addr = [ctypes.cast(f, v).value for f in (self.launch, self.set_params)]
         return module.Runner(
             *addr, 0xE0, n_tensors, n_sources,
-            [(h, 0x1000 + h, ctypes.addressof(a), w) for h, a, w in nodes])
+            [(h, 0x1000 + h, ctypes.addressof(a), w) for h, a, w in nodes], *aligns)
 
 
 def _tensors(n):
@@ -130,6 +130,46 @@ def test_runner_errors_are_raised_and_the_next_call_sets_again():
     failing.launch = LAUNCH(lambda exe, stream: 4)
     with pytest.raises(RuntimeError, match="cuGraphLaunch failed: CUresult 4"):
         failing.runner([(0xC2, cb.StoreArgs(), cb._STORE_WRITES)], 7, 7)(3, *ts)
+
+
+def _misaligned(offset_bytes: int) -> torch.Tensor:
+    """A bf16 tensor whose data_ptr is `offset_bytes` past a 16-byte boundary."""
+    base = torch.empty(64, dtype=torch.bfloat16)
+    skip = (-base.data_ptr() % 16 + offset_bytes) // 2
+    return base[skip:skip + 8]
+
+
+def test_runner_refuses_a_misaligned_pointer_before_any_launch():
+    """A tensor the kernels would copy in 16-byte pieces from a 2-byte aligned address: a
+    ValueError naming it, no node set and no launch (on the GPU such a copy faults the context);
+    the next aligned call runs as usual."""
+    drv = Driver()
+    run = drv.runner([(0xC1, cb.StoreArgs(), cb._STORE_WRITES)], 7, 7, cb.STORE_ALIGN)
+    ts = _tensors(7)
+    k_cache = _misaligned(2)
+    with pytest.raises(ValueError, match=r"k_cache: data_ptr 0x[0-9a-f]+ is not 16-byte aligned"):
+        run(3, *ts[:3], k_cache, *ts[4:])
+    assert drv.log == []
+    run(3, *ts[:3], _misaligned(0), *ts[4:])
+    assert [e[0] for e in drv.log] == ["set", "launch"]
+    out = drv.runner([(0xA1, cb.DrafterParams(), cb._ATTENTION_WRITES)], 8, 10, cb.ATTENTION_ALIGN)
+    out(3, *_tensors(7), _misaligned(4), 0, 0)  # out takes 4-byte stores
+    with pytest.raises(ValueError, match="out: data_ptr .* is not 4-byte aligned"):
+        out(3, *_tensors(7), _misaligned(2), 0, 0)
+
+
+@pytest.mark.parametrize("aligns", [[("q", 3)], [("q", 8192)], [("q", 16)] * 8, [(1, 16)]])
+def test_runner_rejects_bad_aligns(aligns):
+    with pytest.raises((ValueError, TypeError)):
+        Driver().runner([(0xC1, cb.StoreArgs(), cb._STORE_WRITES)], 7, 7, aligns)
+
+
+def test_check_aligned_names_the_first_misaligned_pointer():
+    cb.check_aligned(cb.ATTENTION_ALIGN, [16, 32, 48, 64, 80, 2, 6, 4])  # int32s and out: fine
+    with pytest.raises(ValueError, match="v_blk: data_ptr 0x32 is not 16-byte aligned"):
+        cb.check_aligned(cb.ATTENTION_ALIGN, [16, 32, 0x32, 0x42, 80, 0, 0, 4])
+    with pytest.raises(ValueError, match="out: data_ptr 0x6 is not 4-byte aligned"):
+        cb.check_aligned(cb.ATTENTION_ALIGN, [16] * 7 + [6])
 
 
 def test_runner_rejects_a_bad_layout():
@@ -214,6 +254,37 @@ def test_planned_calls_run_through_the_runner(monkeypatch):
     assert attention.args.out == combine.args.out == out2.data_ptr() != out.data_ptr()
     assert (attention.args.o_part, combine.args.o_part) == (work, work)
     assert plan.packed == ()  # the Python path packs again next time it runs
+
+
+def test_the_python_path_refuses_a_misaligned_pointer_too(monkeypatch):
+    """Inside a capture (and wherever no runner is built) the Python path packs the call's
+    pointers: a misaligned one raises before anything is packed or launched."""
+    launched = []
+    monkeypatch.setattr(cb, "_stream", lambda index: 0x77)
+    monkeypatch.setattr(cb, "capturing", lambda: True)
+    monkeypatch.setattr(L.LaunchGraph, "__call__", lambda self, stream, captured: launched.append(1))
+    attention = L.Launch.__new__(L.Launch)
+    attention.args = cb.DrafterParams()
+    plan = cb.AttentionPlan(0, 1, 0, 0, attention, None)
+    ts = _tensors(7)
+    with pytest.raises(ValueError, match="q: data_ptr .* is not 16-byte aligned"):
+        plan.run(_misaligned(8), *ts[1:], torch.empty(4))
+    assert not launched and attention.args.q is None and plan.packed == ()
+    plan.run(*ts, torch.empty(4))
+    assert launched == [1] and attention.args.q == ts[0].data_ptr()
+    for i, (name, align) in enumerate(cb.STORE_ALIGN):  # each tensor the store copies
+        store = L.Launch.__new__(L.Launch)
+        store.args = cb.StoreArgs()
+        splan = cb.StorePlan(0, store)
+        args = _tensors(7)
+        args[i] = _misaligned(2)
+        if align:
+            with pytest.raises(ValueError, match=f"{name}: data_ptr .* is not {align}-byte"):
+                splan.run(*args)
+            assert store.args.k_new is None
+        else:
+            splan.run(*args)
+    assert launched == [1, 1, 1, 1]  # the three int32 tensors are not checked
 
 
 def test_a_layout_the_runner_refuses_leaves_the_python_path(monkeypatch):

@@ -3,7 +3,9 @@
  *
  * A Runner belongs to one instantiated CUDA graph of a call's kernels (kernels/launch.py). A
  * call passes the stream, the call's tensors and a few integer pointers (the split workspace).
- * The runner reads the tensors' data pointers, writes those that changed since its last call
+ * The runner reads the tensors' data pointers, refuses one the kernels cannot take (its
+ * alignment: a misaligned 16-byte copy would fault the context, not raise), writes those that
+ * changed since its last call
  * into the packed argument structs of the nodes that take them, re-sets exactly those nodes
  * (cuGraphExecKernelNodeSetParams copies the arguments at that moment) and launches the graph
  * (cuGraphLaunch). One Python call instead of a dozen Python steps and two ctypes calls.
@@ -14,6 +16,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -45,6 +48,8 @@ typedef struct {
     int n_tensors, n_sources, n_nodes, primed;
     Node nodes[MAX_NODES];
     uintptr_t last[MAX_SOURCES]; /* the pointers the nodes hold */
+    uintptr_t misaligned[MAX_SOURCES]; /* a tensor's pointer bits that must be 0 (align - 1) */
+    char names[MAX_SOURCES][16];       /* each tensor's name, for that error */
 } Runner;
 
 static PyObject *data_ptr_name;
@@ -81,6 +86,9 @@ static PyObject *runner_call(PyObject *self, PyObject *const *args, size_t nargs
             Py_DECREF(value);
         if (PyErr_Occurred())
             return NULL;
+        if (now[i] & r->misaligned[i])
+            return PyErr_Format(PyExc_ValueError, "%s: data_ptr %p is not %d-byte aligned",
+                                r->names[i], (void *)now[i], (int)(r->misaligned[i] + 1));
     }
     for (int j = 0; j < r->n_nodes; ++j) {
         Node *node = &r->nodes[j];
@@ -107,13 +115,38 @@ static PyObject *runner_call(PyObject *self, PyObject *const *args, size_t nargs
     Py_RETURN_NONE;
 }
 
-/* Runner(launch, set, exe, n_tensors, n_sources, nodes): addresses as ints; nodes a sequence of
- * (node, params, args, ((offset, source), ...)). */
+static int set_aligns(Runner *r, PyObject *aligns) {
+    PyObject *seq = PySequence_Fast(aligns, "Runner: aligns");
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int ok = n <= r->n_tensors;
+    for (Py_ssize_t i = 0; ok && i < n; ++i) {
+        const char *name;
+        int align;
+        ok = PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "si", &name, &align) &&
+             align >= 0 && align <= 4096 && (align & (align - 1)) == 0;
+        if (ok) {
+            r->misaligned[i] = align ? (uintptr_t)(align - 1) : 0;
+            snprintf(r->names[i], sizeof r->names[i], "%s", name);
+        }
+    }
+    Py_DECREF(seq);
+    if (!ok && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError,
+                        "Runner: aligns of at most n_tensors tensors, each 0 or a power of two <= 4096");
+    return ok ? 0 : -1;
+}
+
+/* Runner(launch, set, exe, n_tensors, n_sources, nodes[, aligns]): addresses as ints; nodes a
+ * sequence of (node, params, args, ((offset, source), ...)); aligns, of the first tensors,
+ * ((name, bytes), ...) with bytes 0 (any) or a power of two up to 4096. */
 static PyObject *runner_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     (void)kwargs;
-    PyObject *launch, *set, *exe, *nodes;
+    PyObject *launch, *set, *exe, *nodes, *aligns = NULL;
     int n_tensors, n_sources;
-    if (!PyArg_ParseTuple(args, "OOOiiO", &launch, &set, &exe, &n_tensors, &n_sources, &nodes))
+    if (!PyArg_ParseTuple(args, "OOOiiO|O", &launch, &set, &exe, &n_tensors, &n_sources, &nodes,
+                          &aligns))
         return NULL;
     if (n_tensors < 0 || n_sources < n_tensors || n_sources > MAX_SOURCES) {
         PyErr_SetString(PyExc_ValueError, "Runner: 0 <= n_tensors <= n_sources <= 16");
@@ -167,6 +200,8 @@ static PyObject *runner_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
         }
     }
     Py_DECREF(seq);
+    if (aligns != NULL && set_aligns(r, aligns) < 0)
+        goto fail;
     return (PyObject *)r;
 fail_seq:
     Py_DECREF(seq);
