@@ -1007,24 +1007,34 @@ class StoreArgs(ctypes.Structure):
 _stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _counters(index: int, batch: int) -> torch.Tensor:
-    """Zeroed per-request arrival counters for the store kernel (which leaves them zeroed).
-    Allocated at planning. Planned inside a CUDA-graph capture, the buffer is that graph's own
-    temporary: its zero fill is captured just before the store, so every replay starts from
-    zero (and what the graph later puts in that memory cannot leak into the next replay)."""
+def _plan_counters(index: int, batch: int) -> torch.Tensor:
+    """A store plan's own zeroed arrival counters, for its captures (`StorePlan`). Made inside
+    a capture, its zero fill is captured too, so every replay starts from zero."""
     if batch > MAX_BATCH:
         raise ValueError(f"batch={batch} exceeds {MAX_BATCH} requests a store call (the grid's y "
                          f"dimension)")
-    if torch.cuda.is_current_stream_capturing():
-        return torch.zeros(batch, dtype=torch.int32, device=f"cuda:{index}")
-    buf = _counter_bufs.get(index)
+    return _zeros(batch, index)
+
+
+def _zeros(n: int, index: int) -> torch.Tensor:
+    return torch.zeros(n, dtype=torch.int32, device=f"cuda:{index}")
+
+
+def _stream_counters(index: int, stream: int) -> int:
+    """The address of the zeroed per-request arrival counters of the store kernel (which leaves
+    them zeroed) for eager stores on `stream` (a raw handle, torch's current stream) of device
+    `index`. One buffer a stream: stores on one stream run in order, so they can share one;
+    stores on two streams may be in flight together, and shared counters would mix their
+    arrivals (a length never advanced, a counter left non-zero). A buffer holds MAX_BATCH
+    requests (256 KB) and is never freed: plans keep its address. torch draws its streams from a
+    fixed pool, so a process has a few of them."""
+    buf = _counter_bufs.get((index, stream))
     if buf is None:
-        buf = _counter_bufs[index] = torch.zeros(MAX_BATCH, dtype=torch.int32,
-                                                 device=f"cuda:{index}")
-    return buf
+        buf = _counter_bufs[(index, stream)] = _zeros(MAX_BATCH, index)
+    return buf.data_ptr()
 
 
-_counter_bufs: dict[int, torch.Tensor] = {}
+_counter_bufs: dict[tuple[int, int], torch.Tensor] = {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -1071,15 +1081,15 @@ def choose_splits(batch: int, hkv: int, kv_tokens: int, tile_n: int, num_sms: in
 # Split-KV workspaces a plan keeps, one per stream, the oldest dropped beyond this.
 _WORKSPACE_STREAMS = 4
 # The pointer fields lead the packed structs (DrafterParams: q .. out, o_part, lse_part;
-# CombineArgs: o_part, lse_part, out; StoreArgs: k_new .. ctx_lens): one pack_into a call writes
+# CombineArgs: o_part, lse_part, out; StoreArgs: k_new .. ctx_lens, counters): one pack_into a call writes
 # them (ctypes structs are writable buffers), and only when they changed since the last call.
 _ATTENTION_PTRS, _COMBINE_PTRS = struct.Struct("10P"), struct.Struct("3P")
-_STORE_PTRS = struct.Struct("7P")
+_STORE_PTRS = struct.Struct("8P")
 # The same fields for the C runner (kernels.native): (byte offset, source) with the sources a
-# call's tensors, then an attention's o_part and lse_part.
+# call's tensors, then an attention's o_part and lse_part, or a store's counters.
 _ATTENTION_WRITES = tuple((8 * i, i) for i in range(10))
 _COMBINE_WRITES = ((0, 8), (8, 9), (16, 7))
-_STORE_WRITES = tuple((8 * i, i) for i in range(7))
+_STORE_WRITES = tuple((8 * i, i) for i in range(8))
 # The byte alignment each tensor of a call needs (0: any), checked whenever its pointer is new,
 # on every path (a misaligned copy faults the CUDA context rather than raising): q, the block's
 # K/V, the caches and the store's new rows go by 16-byte copies (cp.async, uint4), `out` takes
@@ -1167,7 +1177,7 @@ class AttentionPlan:
         streams never share one (their calls may overlap). The tensor was allocated on that
         stream (torch's current one), so once dropped torch's allocator reuses its memory only
         behind that stream's work. Inside a capture each call allocates, as before: the buffer
-        is the graph's own (see `_counters`), never one that eager calls also write."""
+        is the graph's own (as a store's counters, `StorePlan`), never one that eager calls also write."""
         if captured:
             return torch.empty(self.part_elems + self.lse_elems, dtype=torch.float32,
                                device=device)
@@ -1200,15 +1210,25 @@ class TmaMaps:
 
 @dataclass
 class StorePlan:
+    """A planned store shape: its launch, and the counters it takes inside a capture.
+
+    The kernel's per-request arrival counters come with each call: eager calls take their
+    stream's (`_stream_counters`), a capture takes the plan's own `captured` buffer (zeroed when
+    the plan was made; inside a capture, by a captured fill), so a graph never shares counters
+    with eager stores, whatever streams either runs on. (Two graphs holding one plan, replayed
+    at once on two streams, would still share it.)"""
     index: int
     launch: Launch | None  # None: no rows or no requests, nothing to write
+    captured: torch.Tensor | None = None  # the counters of a store inside a capture
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    # the eager counters' addresses by raw stream handle (`_stream_counters`)
+    counters: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
     launches: LaunchGraph | None = dataclasses.field(init=False, repr=False, compare=False)
     packed: tuple = dataclasses.field(default=(), repr=False, compare=False)  # the last pointers
 
     def __post_init__(self):
         self.launches = (LaunchGraph([self.launch], self.index,
-                                      (7, 7, (_STORE_WRITES,), STORE_ALIGN))
+                                      (7, 8, (_STORE_WRITES,), STORE_ALIGN))
                          if self.launch is not None else None)
 
     def run(self, k_new, v_new, num_new, k_cache, v_cache, table, ctx_lens):
@@ -1218,12 +1238,14 @@ class StorePlan:
             stream = _stream(self.index)
             captured = capturing()
             runner = None if captured else self.launches.runners.get(stream)
+            counters = (self.captured.data_ptr() if captured else self.counters.get(stream)
+                        or self.counters.setdefault(stream, _stream_counters(self.index, stream)))
             if runner is not None:
-                runner(stream, k_new, v_new, num_new, k_cache, v_cache, table, ctx_lens)
+                runner(stream, k_new, v_new, num_new, k_cache, v_cache, table, ctx_lens, counters)
                 self.packed = ()
                 return
             ptrs = (k_new.data_ptr(), v_new.data_ptr(), num_new.data_ptr(), k_cache.data_ptr(),
-                    v_cache.data_ptr(), table.data_ptr(), ctx_lens.data_ptr())
+                    v_cache.data_ptr(), table.data_ptr(), ctx_lens.data_ptr(), counters)
             if ptrs != self.packed:
                 if (ptrs[0] | ptrs[1] | ptrs[3] | ptrs[4]) & 15:  # STORE_ALIGN
                     check_aligned(STORE_ALIGN, ptrs)
@@ -1463,23 +1485,21 @@ class CupyBackend:
             raise ValueError(f"k_pages: page_size {dims.page_size} not supported "
                              f"({page_sizes[0]}..{page_sizes[-1]})")
         index = _index(k_new.device)
-        launch = None
+        launch = captured = None
         if dims.rows and dims.batch:
+            captured = _plan_counters(index, dims.batch)  # refuses a batch past the grid first
             # The store depends on head_dim and the page size only: the attention module of a
             # minimal geometry at the GPU's defaults serves, so a step loads one module per
             # layout (one whose shared memory the GPU can give).
             sm = device_info(index)[1]
             mod = self.family.module_for(index, k_new.dtype, dims.head_dim, dims.page_size, 1,
                                          1, self.family.default_params(None, sm))
-            counters = _counters(index, dims.batch)
-            packed = StoreArgs(counters=counters.data_ptr(), rows=dims.rows,
-                               hkv=dims.num_kv_heads, table_stride=table_stride,
+            packed = StoreArgs(rows=dims.rows, hkv=dims.num_kv_heads, table_stride=table_stride,
                                capacity=dims.capacity,
                                loc_stride=loc_stride(k_cache, dims.page_size))
             launch = Launch(mod.store, (dims.rows, dims.batch, 1), (128, 1, 1), 0, packed)
-            launch.counters = counters  # the plan owns its counter buffer
-        plan = StorePlan(index, launch)
-        if not torch.cuda.is_current_stream_capturing():  # a capture's counters are its own
+        plan = StorePlan(index, launch, captured)
+        if not torch.cuda.is_current_stream_capturing():  # a capture's plan is its own
             self._plans[key] = plan
         return plan
 

@@ -278,6 +278,37 @@ def test_store_matches_reference(backend, page, rows):
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("backend", ["cupy", "cutlass"])
+def test_stores_on_two_streams_at_once(backend):
+    """Two decode loops on two streams, their stores in flight together (arena, one slot per
+    request, rows over many CTAs): each store's per-request arrival counters are its stream's,
+    so every length advances by exactly its rows and every row lands (with one buffer for both
+    streams, their arrivals mixed: lengths not advanced, counters left non-zero)."""
+    impl = _fresh(backend)
+    geom = PRESETS["qwen3-8b-dflash-b16"]
+    gen = torch.Generator().manual_seed(11)
+    lens, steps, rows = [5, 40, 0, 700] * 16, 24, 16
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    loops = []
+    for _ in streams:
+        cache = list(random_arena_context(geom, lens, max(lens) + steps * rows, "cuda", gen))
+        news = [_store_inputs(geom, lens, rows, gen) for _ in range(steps)]
+        want = [t.clone() for t in cache]
+        for new in news:
+            reference.store_arena(*new, *want)
+        loops.append((cache, news, want))
+    torch.cuda.synchronize()
+    for step in range(steps):  # interleaved: the two streams' stores overlap on the GPU
+        for s, (cache, news, _) in zip(streams, loops):
+            with torch.cuda.stream(s):
+                impl.store_arena(*news[step], *cache)
+    torch.cuda.synchronize()
+    for cache, _, want in loops:
+        assert torch.equal(cache[-1], want[-1])  # ctx_lens
+        for got, ref in zip(cache, want):
+            assert torch.equal(got, ref)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("layout", ["paged", "arena"])
 def test_graph_replay_and_no_host_sync(backend, layout):

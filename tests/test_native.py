@@ -113,23 +113,23 @@ def test_runner_sets_only_the_nodes_whose_pointers_changed():
 def test_runner_errors_are_raised_and_the_next_call_sets_again():
     drv = Driver()
     args = cb.StoreArgs()
-    run = drv.runner([(0xC1, args, cb._STORE_WRITES)], 7, 7)
+    run = drv.runner([(0xC1, args, cb._STORE_WRITES)], 7, 8)
     ts = _tensors(7)
     drv.fail_set = 700
     with pytest.raises(RuntimeError, match="cuGraphExecKernelNodeSetParams failed: CUresult 700"):
-        run(3, *ts)
+        run(3, *ts, 0xC0)
     drv.fail_set = 0
-    run(3, *ts)
+    run(3, *ts, 0xC0)
     assert [e[0] for e in drv.log] == ["set", "launch"]  # not skipped after the failure
-    assert (args.k_new, args.ctx_lens) == (ts[0].data_ptr(), ts[6].data_ptr())
-    with pytest.raises(TypeError, match="8 positional arguments"):
-        run(3, *ts[:6])
+    assert (args.k_new, args.ctx_lens, args.counters) == (ts[0].data_ptr(), ts[6].data_ptr(), 0xC0)
+    with pytest.raises(TypeError, match="9 positional arguments"):
+        run(3, *ts[:6], 0xC0)
     with pytest.raises(AttributeError):
-        run(3, *ts[:6], 5)  # an int where a tensor goes
+        run(3, *ts[:6], 5, 0xC0)  # an int where a tensor goes
     failing = Driver()
     failing.launch = LAUNCH(lambda exe, stream: 4)
     with pytest.raises(RuntimeError, match="cuGraphLaunch failed: CUresult 4"):
-        failing.runner([(0xC2, cb.StoreArgs(), cb._STORE_WRITES)], 7, 7)(3, *ts)
+        failing.runner([(0xC2, cb.StoreArgs(), cb._STORE_WRITES)], 7, 8)(3, *ts, 0xC0)
 
 
 def _misaligned(offset_bytes: int) -> torch.Tensor:
@@ -144,13 +144,13 @@ def test_runner_refuses_a_misaligned_pointer_before_any_launch():
     ValueError naming it, no node set and no launch (on the GPU such a copy faults the context);
     the next aligned call runs as usual."""
     drv = Driver()
-    run = drv.runner([(0xC1, cb.StoreArgs(), cb._STORE_WRITES)], 7, 7, cb.STORE_ALIGN)
+    run = drv.runner([(0xC1, cb.StoreArgs(), cb._STORE_WRITES)], 7, 8, cb.STORE_ALIGN)
     ts = _tensors(7)
     k_cache = _misaligned(2)
     with pytest.raises(ValueError, match=r"k_cache: data_ptr 0x[0-9a-f]+ is not 16-byte aligned"):
-        run(3, *ts[:3], k_cache, *ts[4:])
+        run(3, *ts[:3], k_cache, *ts[4:], 0xC0)
     assert drv.log == []
-    run(3, *ts[:3], _misaligned(0), *ts[4:])
+    run(3, *ts[:3], _misaligned(0), *ts[4:], 0xC0)
     assert [e[0] for e in drv.log] == ["set", "launch"]
     out = drv.runner([(0xA1, cb.DrafterParams(), cb._ATTENTION_WRITES)], 8, 10, cb.ATTENTION_ALIGN)
     out(3, *_tensors(7), _misaligned(4), 0, 0)  # out takes 4-byte stores
@@ -161,7 +161,7 @@ def test_runner_refuses_a_misaligned_pointer_before_any_launch():
 @pytest.mark.parametrize("aligns", [[("q", 3)], [("q", 8192)], [("q", 16)] * 8, [(1, 16)]])
 def test_runner_rejects_bad_aligns(aligns):
     with pytest.raises((ValueError, TypeError)):
-        Driver().runner([(0xC1, cb.StoreArgs(), cb._STORE_WRITES)], 7, 7, aligns)
+        Driver().runner([(0xC1, cb.StoreArgs(), cb._STORE_WRITES)], 7, 8, aligns)
 
 
 def test_check_aligned_names_the_first_misaligned_pointer():
@@ -188,7 +188,7 @@ def test_runner_writes_match_the_packed_structs():
     assert [getattr(cb.TmaDrafterParams, n).offset for n in names] == [o for o, _ in cb._ATTENTION_WRITES]
     assert [(getattr(cb.CombineArgs, n).offset, names.index(n)) for n in ("o_part", "lse_part", "out")] \
         == list(cb._COMBINE_WRITES)
-    store = ["k_new", "v_new", "num_new", "k_cache", "v_cache", "table", "ctx_lens"]
+    store = ["k_new", "v_new", "num_new", "k_cache", "v_cache", "table", "ctx_lens", "counters"]
     assert [(getattr(cb.StoreArgs, n).offset, i) for i, n in enumerate(store)] == list(cb._STORE_WRITES)
 
 
@@ -275,7 +275,7 @@ def test_the_python_path_refuses_a_misaligned_pointer_too(monkeypatch):
     for i, (name, align) in enumerate(cb.STORE_ALIGN):  # each tensor the store copies
         store = L.Launch.__new__(L.Launch)
         store.args = cb.StoreArgs()
-        splan = cb.StorePlan(0, store)
+        splan = cb.StorePlan(0, store, torch.zeros(2, dtype=torch.int32))
         args = _tensors(7)
         args[i] = _misaligned(2)
         if align:

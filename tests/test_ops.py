@@ -371,7 +371,8 @@ def planning(monkeypatch):
     monkeypatch.setattr(cb, "device_info", lambda index: (132, 90))
     monkeypatch.setattr(cb, "_index", lambda device: 0)
     monkeypatch.setattr(cb, "_check_kernel_inputs", lambda *a: None)
-    monkeypatch.setattr(cb, "_counters", lambda index, batch: torch.zeros(batch, dtype=torch.int32))
+    monkeypatch.setattr(cb, "_zeros", lambda n, index: torch.zeros(n, dtype=torch.int32))
+    monkeypatch.setattr(cb, "_counter_bufs", {})
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     return cb, Planned()
 
@@ -539,6 +540,35 @@ def test_split_workspace_is_kept_per_stream_outside_a_capture(launches, monkeypa
     assert plan.workspaces == kept
 
 
+def test_store_counters_are_kept_per_stream_and_a_capture_has_its_own(launches, monkeypatch):
+    """Stores on two streams may be in flight together: each stream's stores take their own
+    arrival counters (shared, they would mix the two stores' arrivals), every plan on one stream
+    the same buffer, and a capture the plan's own (never one that eager stores write)."""
+    cb, backend, calls, stream = launches
+    case = paged_case("cpu")
+    args = store_args(case, _num_new(case))
+    wide = paged_case("cpu", batch=3)
+    other = store_args(wide, torch.tensor([QB, 1, 0], dtype=torch.int32))
+
+    def store_on(s, a=args):
+        stream[0] = s
+        calls.clear()
+        backend.store_paged(*a)
+        ((launch, s_launch, _),) = calls
+        assert s_launch == s
+        return launch.args.counters
+
+    first = store_on(1)
+    assert store_on(1) == first and store_on(2) != first and store_on(1) == first
+    assert store_on(1, other) == first  # another plan, the same stream: one buffer
+    assert store_on(2, other) == store_on(2)
+    assert {k[1] for k in cb._counter_bufs} == {1, 2}
+    assert all(b.numel() == cb.MAX_BATCH and not b.any() for b in cb._counter_bufs.values())
+    monkeypatch.setattr(cb, "capturing", lambda: True)
+    plan = backend._plans[cb.call_key("store_paged", args, None)]
+    assert store_on(1) == plan.captured.data_ptr() not in {b.data_ptr() for b in cb._counter_bufs.values()}
+
+
 def test_unsplit_plan_has_no_workspace(launches):
     cb, backend, calls, _ = launches
     case = paged_case("cpu")
@@ -560,7 +590,7 @@ def test_store_plan(planning):
     a = plan.launch.args
     assert plan.launch.grid == (QB, 2, 1)
     assert (a.rows, a.hkv, a.table_stride, a.capacity, a.loc_stride) == (QB, HKV, 4, 4 * PS, 2)
-    assert a.counters == plan.launch.counters.data_ptr()
+    assert plan.captured.shape == (2,) and not plan.captured.any()  # its captures' counters
     assert backend._plans[key] is plan
 
 

@@ -254,7 +254,8 @@ def planner(monkeypatch):
     Planned.family = family
     monkeypatch.setattr(cb, "_index", lambda device: 0)
     monkeypatch.setattr(cb, "_check_kernel_inputs", lambda *a: None)
-    monkeypatch.setattr(cb, "_counters", lambda index, batch: torch.zeros(batch, dtype=torch.int32))
+    monkeypatch.setattr(cb, "_zeros", lambda n, index: torch.zeros(n, dtype=torch.int32))
+    monkeypatch.setattr(cb, "_counter_bufs", {})
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(cb, "_loaded", {})
 
@@ -377,7 +378,7 @@ def test_a_batch_past_the_grid_limit_is_refused_before_a_launch():
     assert cb.supports(Problem(g, "paged", 64, 65535, 2048), None, 90) is None
     assert "batch 65536 exceeds 65535" in cb.supports(Problem(g, "paged", 64, 65536, 2048), None, 90)
     with pytest.raises(ValueError, match="batch=65536 exceeds 65535 requests a store call"):
-        cb._counters(0, 65536)
+        cb._plan_counters(0, 65536)
 
 
 def test_a_min_ctas_the_wgmma_path_cannot_compile_is_refused_before_compiling():
