@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from drafter_attn.bench.options import BenchError
+from drafter_attn.kernels import contract
 from drafter_attn.kernels import footprint as kvmem
 from drafter_attn.kernels.tuned_table import SUSTAIN_S, sync_count
 from drafter_attn.tuner import memory as step_memory
@@ -180,8 +181,9 @@ def check_impls(impls: list[str]) -> list[str]:
     return list(dict.fromkeys(impls))
 
 
-# Context lengths are int32 on the device, and a position plus the stored rows must stay one.
-MAX_TOKENS = 2**31 - 1
+# Context lengths are int32 on the device, and a position plus the stored rows (and a tile of
+# keys) must stay one: the contract's limit.
+MAX_TOKENS = contract.MAX_CAPACITY
 HINT_CHOICES = ("on", "off", "both")
 
 

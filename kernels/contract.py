@@ -358,13 +358,16 @@ def _check_arena_cache(ref_name, ref, B, Hkv, D, k_arena, v_arena, slots, ctx_le
     return _capacity("k_arena", max_ctx)
 
 
-MAX_CAPACITY = 2**31 - 1  # tokens a request's cache may address: a C int in the kernels' parameters
+# Tokens a request's cache may address. The kernels hold positions in C ints, and a position
+# plus a tile (at most 128 keys) or the block stays one: `(P + N - 1) / N` near 2**31 wrapped
+# negative, and the call ran no tile at all (zeros out, no error). A multiple of every page size.
+MAX_CAPACITY = 2**31 - 256
 
 
 def _capacity(arg: str, tokens: int) -> int:
     if tokens > MAX_CAPACITY:
         raise ValueError(f"{arg} addresses {tokens} tokens a request, over {MAX_CAPACITY} (the kernels "
-                         f"hold positions in a C int: a larger capacity would wrap)")
+                         f"hold positions, plus a tile of keys, in a C int: a larger capacity would wrap)")
     return tokens
 
 

@@ -663,6 +663,11 @@ def problem_reason(problem: Problem, tile_n: int, head_dims=HEAD_DIMS,
         return f"page_size {problem.page_size} not supported ({page_sizes[0]}..{page_sizes[-1]})"
     if problem.batch > MAX_BATCH:
         return f"batch {problem.batch} exceeds {MAX_BATCH} requests a call (a grid dimension's limit)"
+    if g.num_kv_heads > MAX_BATCH:
+        return f"{g.num_kv_heads} KV heads exceed {MAX_BATCH} (the attention grid's y dimension)"
+    if problem.batch * g.num_q_heads * g.block_size >= 2**31:
+        return (f"B*Hq*Qb = {problem.batch * g.num_q_heads * g.block_size} query rows a call: the "
+                f"combine counts them in a C int (below 2**31)")
     return None
 
 

@@ -126,13 +126,17 @@ def test_valid_inputs_pass(call):
 
 def test_a_capacity_past_a_c_int_is_refused():
     """A table (or arena) addressing 2**31 tokens a request or more would wrap in the kernels'
-    int parameters into a capacity of nothing: refused, naming it (meta tensors: no memory)."""
+    int parameters into a capacity of nothing, and one within a tile of keys of 2**31 wraps the
+    tile count (`(P + N - 1) / N`): no tile runs, zeros come out. Refused, naming it (meta
+    tensors: no memory)."""
     args = {k: v.to("meta") for k, v in _paged().items()}
-    args["block_table"] = torch.empty(B, 2**31 // PS, dtype=torch.int32, device="meta")
-    with pytest.raises(ValueError, match="block_table addresses 2147483648 tokens a request, over 2147483647"):
-        check_paged(**args)
-    args["block_table"] = torch.empty(B, 2**31 // PS - 1, dtype=torch.int32, device="meta")
-    assert check_paged(**args).capacity == 2**31 - PS
+    for columns in (2**31 // PS, 2**31 // PS - 1, (2**31 - 256) // PS + 1):
+        args["block_table"] = torch.empty(B, columns, dtype=torch.int32, device="meta")
+        with pytest.raises(ValueError, match=f"block_table addresses {columns * PS} tokens a request, "
+                                             f"over 2147483392"):
+            check_paged(**args)
+    args["block_table"] = torch.empty(B, (2**31 - 256) // PS, dtype=torch.int32, device="meta")
+    assert check_paged(**args).capacity == 2**31 - 256
     args = {k: v.to("meta") for k, v in _arena().items()}
     args["k_arena"] = args["v_arena"] = torch.empty(3, 2**31, HKV, D, device="meta")
     with pytest.raises(ValueError, match="k_arena addresses 2147483648 tokens"):

@@ -266,7 +266,7 @@ def test_plan_table_capacity_rows():
 
 @pytest.mark.parametrize("kw, message", [
     (dict(table_capacities=[8192]), "--table-capacity 8192: the largest context 8192 plus the 16 rows"),
-    (dict(table_capacities=[2**31]), "more than 2147483647 tokens"),
+    (dict(table_capacities=[2**31 - 255]), "more than 2147483392 tokens"),
     (dict(ctxs=[2**31 - 8]), "the int32 context lengths"),
     (dict(max_ctx_hint="maybe"), "--max-ctx-hint maybe: expected one of on, off, both"),
 ])

@@ -16,7 +16,7 @@ from drafter_attn.kernels import cupy_backend as cb
 from drafter_attn.kernels import nvrtc, registry
 from drafter_attn.kernels.dispatch import Dispatcher, Runtime
 from drafter_attn.kernels.presets import MAIN_PRESET, PRESETS
-from drafter_attn.kernels.spec import Problem
+from drafter_attn.kernels.spec import Geometry, Problem
 
 NVRTC_13_5 = (75, 80, 86, 87, 88, 89, 90, 100, 103, 107, 110, 120, 121)
 NVRTC_13_0 = (75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121)
@@ -379,6 +379,13 @@ def test_a_batch_past_the_grid_limit_is_refused_before_a_launch():
     assert "batch 65536 exceeds 65535" in cb.supports(Problem(g, "paged", 64, 65536, 2048), None, 90)
     with pytest.raises(ValueError, match="batch=65536 exceeds 65535 requests a store call"):
         cb._plan_counters(0, 65536)
+    # the KV heads are the attention grid's y; the combine counts B*Hq*Qb rows in a C int
+    heads = Geometry(65536, 65536, 64, 1)
+    assert "65536 KV heads exceed 65535" in cb.supports(Problem(heads, "paged", 16, 1, 4096), None, 90)
+    assert cb.supports(Problem(Geometry(65535, 65535, 64, 1), "paged", 16, 1, 4096), None, 90) is None
+    wide = Geometry(4096, 4096, 128, 16)
+    assert "query rows a call" in cb.supports(Problem(wide, "paged", 64, 65535, 2048), None, 90)
+    assert cb.supports(Problem(wide, "paged", 64, 32767, 2048), None, 90) is None
 
 
 def test_a_min_ctas_the_wgmma_path_cannot_compile_is_refused_before_compiling():
