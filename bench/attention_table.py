@@ -45,7 +45,7 @@ from pathlib import Path
 import pandas as pd
 
 from drafter_attn.bench.options import sizes
-from drafter_attn.bench.output import markdown_table
+from drafter_attn.bench.output import markdown_table, text_table
 from drafter_attn.tuner.cli_checks import add_sustain_load, load_without_sustain, non_negative_float, write_whole
 from drafter_attn.tuner.sizes import parse_size
 from drafter_attn.kernels import baselines, registry
@@ -111,7 +111,9 @@ def measure_kernel(spec: str, geometry, layout: str, page: int | None, batch: in
                sm_mhz=result.get("sm_clock_mhz"))
     if result.get("attention_median_us") is not None:  # ok, or a timed diagnostic variant
         attn = result["attention_median_us"]
-        nbytes = roofline.call_bytes(geometry, batch, ctx, page)
+        # the step's attention runs after its store: it reads ctx + Qb context rows a request
+        # (tuner.step.roofline_bytes), the baselines ctx (their floors are their own)
+        nbytes = roofline.call_bytes(geometry, batch, ctx + geometry.block_size, page)
         floor = floors.read_floor(nbytes).median_us
         row.update(attn_us=attn, p10_us=result["attention_p10_us"], p90_us=result["attention_p90_us"],
                    read_floor_us=floor, x_floor=attn / floor, bytes=nbytes,
@@ -377,7 +379,7 @@ def main(argv=None) -> int:
     df = with_overheads(lowest_floors(pd.DataFrame(rows)))
     table = df[[c for c in COLUMNS if c in df and c != "reason" and (c != "round" or args.rounds > 1)
                 and (c != "pick" or (df.pick != df.impl).any())]]
-    print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    print(text_table(table))
     if out:
         write_whole(out / "attention.csv", lambda tmp: df.to_csv(tmp, index=False))
         doc = json.dumps(dict(environment=meta, rows=df.to_dict("records")), indent=1, default=str)
@@ -402,7 +404,7 @@ def main(argv=None) -> int:
         if "pick" in summary and (summary.pick == summary.impl).all():
             summary = summary.drop(columns="pick")
         print(f"\nover {args.rounds} interleaved rounds (ratios taken within a round):")
-        print(summary.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+        print(text_table(summary))
         if out:
             summary.to_csv(out / "attention_rounds.csv", index=False)
             (out / "attention_rounds.md").write_text(

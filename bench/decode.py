@@ -674,8 +674,8 @@ def summary_lines(rows: list[dict]) -> list[str]:
                                                                                    kv[0][2], kv[0][3])):
         vals.sort()
         tag = step + (f" chunk {chunk}" if chunk else "")
-        out.append(f"{tag} {impl} page {page}: paged over arena median {_median(vals):+.2f}% "
-                   f"(min {vals[0]:+.2f}%, max {vals[-1]:+.2f}%, {len(vals)} rows)")
+        out.append(f"{tag} {impl} page {page}: paged over arena median {_median(vals):+.3f}% "
+                   f"(min {vals[0]:+.3f}%, max {vals[-1]:+.3f}%, {len(vals)} rows)")
     for (step, chunk, impl, page, table, hint), vals in sorted(wide.items(), key=lambda kv: (
             kv[0][0], kv[0][1] or 0, kv[0][2], kv[0][3], kv[0][4], kv[0][5])):
         vals.sort()

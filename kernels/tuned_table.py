@@ -496,21 +496,34 @@ def group_rows(rows, *, include_predicted: bool = False, where: str = "profile d
             seen = fallback.setdefault(key, {})
         else:
             seen = groups.setdefault(key, {})
-        cand = (row_load(row), candidate_of(row))  # a candidate's rows under each load apart
+        # a candidate's rows under each load, and of each layer count, apart
+        cand = (row_load(row), candidate_of(row), row.get("num_layers") or 1)
         old = seen.get(cand)
         if old is None or _age(row) >= _age(old):
             seen[cand] = row
     warn_skipped(where, "rows", skipped, stacklevel=4)
     out = {}
     for key in sorted(groups.keys() | fallback.keys(), key=lambda k: tuple(-1 if v is None else v for v in k)):
+        if key in fallback:
+            fallback[key] = _most_layers(fallback[key])
         if key not in groups:  # sustained, never measured so: its burst rows decide
             out[key] = rank_rows(list(fallback[key].values()))
             continue
-        groups[key] = _under_one_load(groups[key])
+        groups[key] = _under_one_load(_most_layers(groups[key]))
         out[key] = rank_rows(list(groups[key].values()))
         if key in fallback:
             out[key] = _keep_burst_winner(out[key], groups[key], rank_rows(list(fallback[key].values()))[0])
     return out
+
+
+def _most_layers(rows: dict) -> dict:
+    """A key's rows, keyed (load, candidate, layers), as {(load, candidate): row} of its steps of
+    the most layers. A step's fixed cost (its launch, the graph's start) is spread over its
+    layers, so per-layer times of steps of different layer counts do not compare: a one-layer
+    row (`bench.attention_table` records them) would rank a candidate behind the same kernel's
+    whole-step rows. The most layers are the closest to a deployment's step."""
+    most = max(layers for _, _, layers in rows)
+    return {(load, c): r for (load, c, layers), r in rows.items() if layers == most}
 
 
 def _under_one_load(rows: dict) -> dict:

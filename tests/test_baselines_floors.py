@@ -173,7 +173,7 @@ def test_bench_table_fits_120_columns_and_wide_shows_everything():
     output.print_table(rows, "t", narrow)
     text = narrow.export_text()
     assert max(len(line) for line in text.splitlines()) <= 120
-    assert "x floor" in text and "1.22x" in text and "p10-p90" not in text and "flashinfer-fa" in text
+    assert "x floor" in text and "1.216x" in text and "p10-p90" not in text and "flashinfer-fa" in text
     wide = Console(file=io.StringIO(), width=260, record=True)
     output.print_table(rows, "t", wide, wide=True)
     text = wide.export_text()
@@ -341,3 +341,40 @@ def test_bench_table_tells_auto_rows_from_the_impl_they_picked():
     lines = [line for line in console.export_text().splitlines() if "decode" in line]
     assert len(lines) == 2 and "auto->cupy" in lines[0] and "auto" not in lines[1]
     assert output.series_label(rows[0]) == "auto->cupy paged 128" and output.series_label(rows[1]) == "cupy paged 128"
+
+
+def test_ratios_print_with_the_digits_their_targets_need():
+    """Paged over arena is judged against 1.01 and x_floor against 1.05: 1.0104 (a miss) and
+    1.0095 (a pass) must not both print as 1.01, in the markdown tables or the terminal."""
+    import pandas as pd
+
+    df = pd.DataFrame({"impl": ["cupy", "cupy"], "attn_us": [12.3456, 7.0], "over_arena": [1.0104, 1.0095],
+                       "x_floor": [1.0549, float("nan")]})
+    md, text = output.markdown_table(df), output.text_table(df)
+    for shown in (md, text):
+        assert "1.0104" in shown and "1.0095" in shown and "1.0549" in shown and "12.35" in shown
+    assert "| cupy | 7 | 1.0095 |  |" in md
+
+
+def test_a_kernel_points_floor_is_sized_for_what_its_attention_reads(monkeypatch):
+    """The step's attention runs after its store, over ctx + Qb context rows a request: the
+    read floor beside it is sized for those bytes (the step's own roofline), not for ctx."""
+    import types
+
+    import torch
+
+    from drafter_attn.bench import attention_table
+    from drafter_attn.tuner import floors, measure, roofline, step
+    from drafter_attn.kernels.spec import Problem
+
+    timed = dict(status="ok", attention_median_us=10.0, attention_p10_us=9.0, attention_p90_us=11.0)
+    monkeypatch.setattr(measure, "measure_candidate", lambda wire, reps: timed)
+    monkeypatch.setattr(floors, "read_floor", lambda n: types.SimpleNamespace(median_us=n / 1e6))
+    monkeypatch.setattr(roofline, "copy_bandwidth", lambda: 1e12)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    row = attention_table.measure_kernel("cupy", MAIN, "paged", 64, 2, 2048, reps=3, preset="p",
+                                         record=lambda cand, result: None)
+    one = Problem(MAIN.with_(num_layers=1), "paged", 64, 2, 2048)
+    assert row["bytes"] == step.roofline_bytes(one, [MAIN.block_size] * 2)[0]
+    assert row["bytes"] > roofline.call_bytes(MAIN, 2, 2048, 64)
+    assert row["x_floor"] == pytest.approx(10.0 / (row["bytes"] / 1e6))

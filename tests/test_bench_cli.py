@@ -374,7 +374,7 @@ def test_decode_faked_console_output(faked_decode):
     assert faked_decode.rc == 0
     text = faked_decode.text
     assert f"impl picked: cupy (auto: kernels.dispatch over {faked_decode.db}, tier default)" in text
-    assert "paged over arena median +0.50%" in text
+    assert "paged over arena median +0.500%" in text
     for name in ("decode.csv", "decode.json", "decode.png"):
         assert (faked_decode.out / name).stat().st_size > 0
 

@@ -68,6 +68,62 @@ def test_export_round_trip(tmp_path, capsys):
     assert from_json.pick(Problem(MAIN, "paged", 64, 8, 2048), 100).tier == "default"
 
 
+def test_a_one_layer_row_does_not_compete_with_whole_steps(tmp_path):
+    """`bench.attention_table` records one-layer steps into the database it is given: a step's
+    fixed cost then lands on one layer, so such a row of the key's winner (14 us a layer) must
+    neither replace its five-layer row (10) nor rank it behind the runner-up (11)."""
+    one = MAIN.with_(num_layers=1)
+    db = tmp_path / "p.db"
+    build_db(db, {"h": (H200, [dict(params=FAST, median_us=50.0), dict(params=SLOW, median_us=55.0),
+                               dict(geometry=one, params=FAST, median_us=14.0)])})
+    (entry,) = export.export_table(db, resolve_commits=False)["entries"]
+    assert (entry["params"], entry["per_layer_us"], entry["num_layers"]) == (FAST, 10.0, 5)
+    assert [a["params"] for a in entry["alternatives"]] == [SLOW] and entry["candidates"] == 2
+    # a key measured only one layer at a time is still decided (on those rows)
+    build_db(db, {"h": (H200, [dict(geometry=one, batch=2, params=SLOW, median_us=3.0)])})
+    assert len(export.export_table(db, resolve_commits=False)["entries"]) == 2
+
+
+def test_each_gpu_decides_its_own_entries(tmp_path):
+    """An H100 and an H200 are both sm90: the H200's faster row must not take the H100's key
+    (the runtime would drop it there as measured elsewhere, with H100 rows at hand). With the
+    two declared one class, their rows compete."""
+    h100 = dict(H200, gpu_name="NVIDIA H100 80GB HBM3")
+    db = tmp_path / "p.db"
+    build_db(db, {"h100": (h100, [dict(params=FAST, median_us=60.0), dict(params=SLOW, median_us=50.0)]),
+                  "h200": (H200, [dict(params=FAST, median_us=40.0)])})
+    doc = export.export_table(db, resolve_commits=False)
+    by_gpu = {e["provenance"]["gpu"]: e for e in doc["entries"]}
+    assert by_gpu.keys() == {"NVIDIA H100 80GB HBM3", "NVIDIA H200"} and doc["source"]["gpus"] == sorted(by_gpu)
+    assert by_gpu["NVIDIA H100 80GB HBM3"]["params"] == SLOW and by_gpu["NVIDIA H200"]["params"] == FAST
+    for gpu, want in (("NVIDIA H100 80GB HBM3", SLOW), ("NVIDIA H200", FAST)):
+        env = dispatch.Environment(gpu_name=gpu, sources_hash="src-a", versions={"nvrtc": "13.0"})
+        assert Dispatcher.load(export.write_table(doc, tmp_path / "t.json"), env=env).entries[0].winner.params == want
+    classed = export.export_table(db, resolve_commits=False, gpu_classes={"hopper": [h100["gpu_name"], "NVIDIA H200"]})
+    (entry,) = classed["entries"]
+    assert entry["params"] == FAST and entry["median_us"] == 40.0 and entry["candidates"] == 2
+
+
+def test_export_takes_todays_sources_where_the_database_has_them(tmp_path, monkeypatch):
+    """Rows of an older kernel-sources hash, left stale by a kernel edit, never win a key the
+    database also measured on this checkout's sources (the runtime here would drop such an
+    entry); `--all-sources` lets every row compete, and a database with no row of today's
+    sources is exported whole, as before."""
+    monkeypatch.setattr(nvrtc, "sources_digest", lambda: "src-today")
+    db = tmp_path / "p.db"
+    build_db(db, {"old": (H200, [dict(params=FAST, median_us=40.0)]),
+                  "new": (dict(H200, sources_hash="src-today"), [dict(params=SLOW, median_us=50.0)])})
+    (entry,) = export.export_table(db, resolve_commits=False)["entries"]
+    assert entry["params"] == SLOW and entry["provenance"]["sources_hash"] == "src-today"
+    out = tmp_path / "all.json"
+    assert main(["export", "--db", str(db), "--out", str(out), "--all-sources", "--no-commits"]) == 0
+    (entry,) = json.loads(out.read_text())["entries"]
+    assert entry["params"] == FAST
+    monkeypatch.setattr(nvrtc, "sources_digest", lambda: "src-elsewhere")
+    (entry,) = export.export_table(db, resolve_commits=False)["entries"]
+    assert entry["params"] == FAST and entry["candidates"] == 2
+
+
 def test_export_errors(tmp_path, capsys):
     db = _db(tmp_path)
     assert main(["export", "--db", str(db), "--sm", "80", "--out", str(tmp_path / "x.json")]) == 2
@@ -236,6 +292,19 @@ def test_predict_round_trip(tmp_path, capsys):
     assert Dispatcher.load(out).pick(p, 103).tier == "default"  # the table holds sm103 predictions only
     pick = Dispatcher.load(out, include_predicted=True).pick(p, 103)
     assert pick.tier == "exact" and "predicted" in pick.reason
+
+
+def test_predict_projects_a_candidates_newest_timing(tmp_path, capsys):
+    """A candidate measured twice is projected from its latest row, as export and report read
+    it (the oldest was: a stale timing projected onto the target)."""
+    db = tmp_path / "p.db"
+    timings = [dict(params=FAST, median_us=us, bytes_moved=10**8) for us in (100.0, 80.0)]
+    build_db(db, {"h": (H200, timings)})
+    assert main(["predict", "--db", str(db), "--sm", "103", "--from", "90"]) == 0
+    assert "1 predicted rows written" in capsys.readouterr().err
+    with ProfileDB(db, create=False) as d:
+        (got,) = d.query("SELECT median_us, reason FROM results WHERE provenance = 'predicted'")
+    assert got["median_us"] == pytest.approx(80.0 * 4.8 / 8.0) and "row 2" in got["reason"]
 
 
 def test_predict_default_source_and_errors(tmp_path, capsys):

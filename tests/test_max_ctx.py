@@ -340,7 +340,7 @@ def test_bench_decode_table_capacity_faked(monkeypatch, tmp_path, capsys):
     assert "paged 64 t128k " in text and "paged 64 t128k+hint" in text and "vs fit" in text
     assert "block table of 131072 tokens, without a hint: over the fitted table median +60.00%" in text
     assert "block table of 131072 tokens, with the max_ctx hint: over the fitted table median +1.00%" in text
-    assert "paged over arena median +0.50%" in text  # the fitted rows only
+    assert "paged over arena median +0.500%" in text  # the fitted rows only
     rows = json.loads((out / "decode.json").read_text())["rows"]
     assert len(rows) == 2 * 4
     wide = [r for r in rows if r["table_capacity"]]

@@ -84,6 +84,22 @@ def test_a_lead_within_the_tie_margin_is_no_flip(tmp_path):
     assert not key["flip"] and key["winner_a"] == key["winner_b"] == "cupy[tile_n=64]"
 
 
+def test_other_workloads_stay_out_and_the_winners_difference_comes_first(tmp_path):
+    """A context step's or a fewer-rows step's row (`bench prefill`, `bench decode --accepted`)
+    is another workload, never a candidate's timing (a 1700% spread before). A's fastest
+    candidate missing from B: among the common ones the default wins by the tie margin, and
+    the key's differences start with it (the figure draws the first apart as the winner's)."""
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    build_db(a, {"h": (H200, [_r(2, T128, 10.0), _r(2, T32, 10.12), _r(2, T64, 10.15)])})
+    build_db(b, {"h": (H200, [_r(2, T32, 10.12 * 1.02), _r(2, T64, 10.15 * 1.01),
+                              _r(2, T64, 850.0, accepted=float(G.block_size + 48)),
+                              _r(2, T64, 3.0, accepted=1.0)])})
+    (key,) = repeat.compare_paths(a, b)["keys"]
+    assert key["winner_a"] == key["winner_b"] == "cupy[tile_n=64]" and not key["flip"]
+    assert key["diffs"] == pytest.approx([0.01, 0.02]) and key["winner_change"] == pytest.approx(0.01)
+    assert key["spread_median"] == pytest.approx(0.015)
+
+
 def test_two_sweeps_of_one_database(tmp_path):
     one = tmp_path / "merged.db"
     build_db(one, {"h": (H200, [dict(r, sweep_id="s1") for r in RUN_A] + [dict(r, sweep_id="s2") for r in RUN_B])})

@@ -92,28 +92,56 @@ def commit_for_sources(sources_hash: str | None, repo: Path = REPO, limit: int =
 # export
 
 
+TODAYS = "today"  # export_table's default `sources_hash` (see there)
+
+
 def export_table(db_path, sms=None, *, include_predicted: bool = False, resolve_commits: bool = True,
-                 gpu_classes: dict | None = None, sources_hash: str | None = None,
+                 gpu_classes: dict | None = None, sources_hash: str | None = TODAYS,
                  regime: str = "burst") -> dict:
     """The tuned table of `db_path` (SMs `sms`, default all): winners with provenance. Rows
     that cannot be read are left out with a warning. `gpu_classes` ({class: [GPU names]})
-    declares GPUs that may use each other's entries. `sources_hash`: only rows measured on
-    those kernel sources (e.g. today's, leaving out rows `tuner rekey` left stale). `regime`
-    (kernels.tuned_table.REGIMES): which timings decide each key."""
+    declares GPUs that may use each other's entries. `regime` (kernels.tuned_table.REGIMES):
+    which timings decide each key.
+
+    Each GPU's rows (or a class's, where `gpu_classes` puts it in one) decide its own entries:
+    the runtime uses an entry only on the GPU it was measured on, so an H100's key won by an
+    H200 row would be a miss on the H100 with H100 rows there. `sources_hash`: only rows
+    measured on those kernel sources; None: every row; TODAYS (the default): this checkout's
+    sources where any row was measured on them (the runtime here runs no others: an older
+    sources' row winning a key would leave the key a miss), else every row."""
     # read-only (immutable where the file's folder is), as the runtime reads it: exporting
     # never writes to the database, and works on an installed package's read-only profiles
-    rows = [r for r in tuned_table.read_db_rows(db_path) if (not sms or r["sm"] in sms)
-            and (sources_hash is None or r["sources_hash"] == sources_hash)]
-    entries = tuned_table.select_entries(rows, include_predicted=include_predicted,
-                                         where=f"profile database {db_path}", regime=regime)
+    rows = [r for r in tuned_table.read_db_rows(db_path) if not sms or r["sm"] in sms]
+    if sources_hash == TODAYS:
+        from drafter_attn.kernels import nvrtc
+
+        today = nvrtc.sources_digest()
+        sources_hash = today if any(r["sources_hash"] == today for r in rows) else None
+    if sources_hash is not None:
+        rows = [r for r in rows if r["sources_hash"] == sources_hash]
+    entries = []
+    for group in _by_gpu(rows, gpu_classes or {}).values():
+        entries += tuned_table.select_entries(group, include_predicted=include_predicted,
+                                              where=f"profile database {db_path}", regime=regime)
     if resolve_commits:
         for e in entries:
             e["provenance"]["commit"] = commit_for_sources(e["provenance"]["sources_hash"])
     source = {"generator": "tuner export", "db": str(Path(db_path).resolve()), "commit": head_commit(),
               "sms": sorted({e["sm"] for e in entries}), "requested_sms": list(sms) if sms else None,
               "include_predicted": include_predicted, "sources_hash": sources_hash, "regime": regime,
+              "gpus": sorted({str(e["provenance"]["gpu"]) for e in entries}),
               "rows": len(rows), "entries": len(entries)}
     return tuned_table.make_table(entries, source, gpu_classes=gpu_classes)
+
+
+def _by_gpu(rows: list[dict], classes: dict) -> dict[str, list[dict]]:
+    """`rows` by the GPU they were measured on, or by the class of `classes` that holds it."""
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        gpu = r.get("gpu_name")
+        group = next((name for name, members in classes.items() if gpu in members), gpu)
+        out.setdefault(str(group), []).append(r)
+    return out
 
 
 def write_table(table: dict, out) -> Path:

@@ -148,8 +148,9 @@ _SOURCE_SQL = """
 SELECT r.*, e.gpu_name, e.sm, e.cuda, e.torch, e.cupy, e.cutlass, e.nvrtc, e.sources_hash
 FROM results r JOIN environments e USING (env_id)
 WHERE e.sm = ? AND r.status = 'ok' AND r.provenance = 'measured' AND r.median_us > 0
-ORDER BY r.id
-"""
+ORDER BY r.created_at DESC, r.id DESC
+"""  # newest first: a candidate measured more than once is projected from its latest timing,
+     # as export and report read it
 
 
 def measured_sms(db: ProfileDB) -> list[int]:
@@ -264,6 +265,7 @@ def _write_predictions(db: ProfileDB, rows: list, gpus: list, target: GPU, summa
         out.update(env_id=eid, sweep_id=sweep_id)
         pending.append((fp, out))
         done.add(row["candidate_key"])
+    pending.reverse()  # stored in the measured rows' order (they were read newest first)
     # All or nothing: a failure part way leaves no half-written prediction behind.
     with db_errors(db.path, "storing predicted rows"), db.transaction():
         for fp, out in pending:

@@ -40,7 +40,8 @@ ROWS_SQL = """
 SELECT e.sm, e.gpu_name, r.id AS row_order, r.*
 FROM results r JOIN environments e USING (env_id)
 WHERE r.status = 'ok' AND r.median_us IS NOT NULL AND r.median_us > 0
-"""
+  AND (r.accepted IS NULL OR r.accepted = r.block_size)
+"""  # as kernels.tuned_table.DB_ROWS_SQL: decode steps that store the whole block
 
 
 class RepeatError(ValueError):
@@ -77,10 +78,17 @@ def read_run(path, sweep: str | None = None, sm: int | None = None) -> dict[tupl
 
 
 def _band(row: dict) -> tuple[float, float]:
-    """The p10..p90 range of a row's replay times (its median alone when they are missing)."""
-    med = row["median_us"]
+    """The p10..p90 range of a row's replay times per layer (its median alone when they are
+    missing), in the unit the candidates are ranked in."""
+    med, per = row["median_us"], row["per_layer_us"] / row["median_us"]
     lo, hi = row.get("p10_us"), row.get("p90_us")
-    return (med if lo is None else min(lo, med), med if hi is None else max(hi, med))
+    return ((med if lo is None else min(lo, med)) * per, (med if hi is None else max(hi, med)) * per)
+
+
+def _us(row: dict) -> float:
+    """What candidates are ranked by, and every difference and margin is taken of: step latency
+    per layer (steps of different layer counts compare per layer)."""
+    return row["per_layer_us"]
 
 
 def _overlap(a: dict, b: dict) -> bool:
@@ -117,8 +125,8 @@ def compare_key(ranked_a: list[dict], ranked_b: list[dict]) -> dict | None:
     common = [c for c in by_a if c in by_b]  # in A's rank order
     if not common:
         return None
-    diffs = [by_b[c]["median_us"] / by_a[c]["median_us"] - 1.0 for c in common]
     common = [tuned_table.candidate_of(r) for r in tuned_table.rank_rows([by_a[c] for c in common])]
+    diffs = [_us(by_b[c]) / _us(by_a[c]) - 1.0 for c in common]  # A's winner first
     wa = by_a[common[0]]
     wb = tuned_table.rank_rows([by_b[c] for c in common])[0]
     cb = tuned_table.candidate_of(wb)
@@ -132,10 +140,10 @@ def compare_key(ranked_a: list[dict], ranked_b: list[dict]) -> dict | None:
         "a_us": wa["per_layer_us"], "b_us": wb["per_layer_us"],
         "flip": flip,
         # A's winner as B measured it (0 when the winner held)
-        "winner_change": wa_in_b["median_us"] / wa["median_us"] - 1.0,
-        "flip_cost": wa_in_b["median_us"] / wb["median_us"] - 1.0,
+        "winner_change": _us(wa_in_b) / _us(wa) - 1.0,
+        "flip_cost": _us(wa_in_b) / _us(wb) - 1.0,
         # how far ahead of the next candidate A's winner was in A (None: it had no rival)
-        "margin_a": None if runner_up is None else runner_up["median_us"] / wa["median_us"] - 1.0,
+        "margin_a": None if runner_up is None else _us(runner_up) / _us(wa) - 1.0,
         "spreads": [abs(d) for d in diffs], "diffs": diffs,
         "spread_median": statistics.median(abs(d) for d in diffs),
         "within_noise": None,
@@ -143,7 +151,7 @@ def compare_key(ranked_a: list[dict], ranked_b: list[dict]) -> dict | None:
     if flip:
         out["within_noise"] = _overlap(wa, wb_in_a) and _overlap(wa_in_b, wb)
         out["flip_a"], out["flip_b"] = _differ(wa, wb)
-        out["margin_b"] = wa_in_b["median_us"] / wb["median_us"] - 1.0
+        out["margin_b"] = _us(wa_in_b) / _us(wb) - 1.0
     return out
 
 
@@ -256,7 +264,7 @@ def figure(report: dict, out) -> Path:
               label=["other candidates", "A's winner"])
     for x in (-100 * report["targets"]["max_median_spread"], 100 * report["targets"]["max_median_spread"]):
         left.axvline(x, color="#d9731a", ls="--", lw=1)
-    left.set_xlabel("B / A - 1 of a candidate's median step time (%)")
+    left.set_xlabel("B / A - 1 of a candidate's median step time a layer (%)")
     left.set_ylabel("candidates")
     left.set_title(f"spread: median {s['spread_median']:.2%}, p90 {s['spread_p90']:.2%} "
                    f"({s['candidates']} candidates)")

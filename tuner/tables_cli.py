@@ -73,13 +73,14 @@ def _fail(command: str, exc: Exception) -> int:
 
 def cmd_export(args) -> int:
     from drafter_attn.kernels.dispatch import TableError
-    from drafter_attn.tuner.export import export_table, write_table
+    from drafter_attn.tuner.export import TODAYS, export_table, write_table
 
     path = args.db or _default_source(args.sm, ("db",))
     try:
         table = export_table(path, args.sm, include_predicted=args.include_predicted,
                              resolve_commits=not args.no_commits, gpu_classes=dict(args.gpu_class or []),
-                             sources_hash=_todays_sources() if args.current_sources else None,
+                             sources_hash=(_todays_sources() if args.current_sources else
+                                           None if args.all_sources else TODAYS),
                              regime=args.regime)
         out = writable_file(args.out)
     except (SchemaError, TableError, OutputError) as exc:
@@ -302,9 +303,14 @@ def add_commands(sub, add_db) -> None:
     p.add_argument("--gpu-class", action="append", type=_gpu_class, metavar="CLASS=GPU[,GPU...]",
                    help="declare GPUs that may use each other's entries (the runtime uses an entry "
                         "only on the GPU it was measured on, or on a GPU of its class); repeatable")
-    p.add_argument("--current-sources", action="store_true",
-                   help="only rows measured on this checkout's kernel sources (leaves out rows "
-                        "`tuner rekey` left stale)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--current-sources", action="store_true",
+                       help="only rows measured on this checkout's kernel sources (leaves out rows "
+                            "`tuner rekey` left stale); by default these where the database holds "
+                            "any, else every row")
+    which.add_argument("--all-sources", action="store_true",
+                       help="rows of every kernel-sources hash compete (the runtime uses an entry "
+                            "only with the sources it was measured on)")
     p.add_argument("--regime", choices=tuned_table.REGIMES, default="burst",
                    help="the clock regime the table is for: burst (rows timed on a cool GPU; "
                         "default), or sustained (each key decided on its rows timed after a "
