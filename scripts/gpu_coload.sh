@@ -11,7 +11,8 @@
 #     into a copy of profiles/sm90.db, and the sustained table exported from it beside the
 #     shipped one (`tuner diff`);
 #  3. both shipped tables' picks side by side under that load (scripts/gpu_regimes.sh, SUSTAIN_LOAD=gemm).
-#   OUT=/some/dir bash scripts/gpu_coload.sh            (repository root; carry .whl)
+#   OUT=/some/dir bash scripts/gpu_coload.sh            (repository root; carry .whl; REGIMES=0
+#                                                        leaves out step 3)
 # then, in a checkout: cp OUT/sm90.db profiles/sm90.db and export the sustained table (profiles/README.md).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -29,9 +30,11 @@ python3 -m drafter_attn.tuner export --sm 90 --db "$OUT/sm90.db" --current-sourc
   --out "$OUT/sm90-sustained.json" 2>&1 | tail -n 1 | tee -a "$OUT/summary.txt"
 python3 -m drafter_attn.tuner diff profiles/sm90-sustained.json "$OUT/sm90-sustained.json" > "$OUT/diff.txt" 2>&1
 head -n 1 "$OUT/diff.txt" | tee -a "$OUT/summary.txt"
-OUT="$OUT/regimes" SUSTAIN_LOAD=gemm SHAPES=${SHAPES:-8x32k,8x128k,1x128k} PAGES=${PAGES:-64,128} \
-  TABLE_S=${TABLE_S:-200} bash scripts/gpu_regimes.sh > "$OUT/regimes.log" 2>&1
-tail -n 30 "$OUT/regimes.log"
+if [[ ${REGIMES:-1} != 0 ]]; then  # REGIMES=0: steps 1 and 2 only
+  OUT="$OUT/regimes" SUSTAIN_LOAD=gemm SHAPES=${SHAPES:-8x32k,8x128k,1x128k} PAGES=${PAGES:-64,128} \
+    TABLE_S=${TABLE_S:-200} bash scripts/gpu_regimes.sh > "$OUT/regimes.log" 2>&1
+  tail -n 30 "$OUT/regimes.log"
+fi
 # a device run returns at most 8 files: the database, the summary and one archive of the rest
 gzip -f "$OUT/sm90.db"
 (cd "$OUT" && tar czf coload.tgz --exclude=sm90.db.gz --exclude=summary.txt --exclude=coload.tgz ./* \
