@@ -380,9 +380,9 @@ def cmd_report(args) -> int:
     import datetime as dt
 
     from drafter_attn.bench import report
-    from drafter_attn.tuner.db import default_path
+    from drafter_attn.tuner.db import reading_path
 
-    db_path = Path(args.db) if args.db else default_path()
+    db_path = Path(args.db) if args.db else reading_path(args.sm)
     df = report.load(db_path, sm=args.sm, preset=args.preset)
     out = _out_dir("bench report", args.out or Path("results") / f"report-{dt.date.today():%Y-%m-%d}")
     path, plots = report.build(df, out, db_path)

@@ -324,3 +324,31 @@ def test_a_version_2_file_without_the_node_lost_status_is_repaired(tmp_path):
     assert rows == [{"candidate_key": "c", "status": "ok"}, {"candidate_key": "d", "status": "failed_node_lost"}]
     with ProfileDB(path) as db:  # repaired once: the next open leaves it alone
         assert db._takes_every_status()
+
+
+def test_reading_commands_read_your_database_where_it_has_rows_else_the_shipped_one(tmp_path, monkeypatch):
+    """`tuner show`, `tuner export` and `bench report` without --db: this user's database (where
+    sweeps write) when it holds ok rows of the SM asked, else the profile shipped for the SM; on
+    a fresh clone (no database of one's own) the shipped one, which `bench report --sm 90` did
+    not read before."""
+    from drafter_attn.kernels import shipped
+    from profile_fakes import B200, H200, build_db
+
+    own_dir, ship = tmp_path / "profiles", tmp_path / "pkg"
+    own_dir.mkdir(), ship.mkdir()
+    monkeypatch.delenv("DRAFTER_DB", raising=False)
+    monkeypatch.setattr(dbmod, "_repo_profiles_dir", lambda: own_dir)
+    monkeypatch.setattr(shipped, "shipped_dir", lambda: ship)
+    monkeypatch.setattr(shipped, "gpu_sm", lambda: None)
+    own = own_dir / "profile.db"
+    build_db(ship / "sm90.db", {"h": (H200, [dict(median_us=10.0)])})
+    assert dbmod.reading_path(90) == ship / "sm90.db"
+    assert dbmod.reading_path() == ship / "sm90.db"  # no SM asked, no GPU: the only one shipped
+    assert dbmod.reading_path(100) == own  # nothing for sm100 anywhere: the default, named
+    build_db(own, {"b": (B200, [dict(median_us=3.0)])})
+    assert dbmod.reading_path(100) == own and dbmod.reading_path() == own
+    assert dbmod.reading_path(90) == ship / "sm90.db"  # yours holds no sm90 rows
+    build_db(ship / "sm100.db", {"b": (B200, [dict(median_us=3.0)])})
+    assert dbmod.reading_path(100) == own  # yours first
+    monkeypatch.setenv("DRAFTER_DB", str(tmp_path / "elsewhere.db"))
+    assert dbmod.reading_path(90) == tmp_path / "elsewhere.db"

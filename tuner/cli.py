@@ -31,7 +31,9 @@ from drafter_attn.tuner.db import ProfileDB, SchemaError, default_path
 DB_HELP = """\
 profile database: --db PATH, else $DRAFTER_DB, else profiles/profile.db of the source checkout
 this tuner runs from (when it has a profiles/ folder), else
-~/.local/share/drafter-attn/profile.db ($XDG_DATA_HOME/drafter-attn/profile.db).
+~/.local/share/drafter-attn/profile.db ($XDG_DATA_HOME/drafter-attn/profile.db): sweeps,
+refine and compile write there. Commands that only read (show, export) read it where it holds
+rows of the SM asked, else the profile database shipped for that SM (profiles/sm<SM>.db).
 Currently: {path}"""
 
 TABLE_COLUMNS = ["gpu_name", "sm", "preset", "mask", "layout", "page_size", "batch", "ctx_len", "impl",
@@ -262,9 +264,9 @@ def print_frame(df, fmt: str, columns=None, title: str = "") -> None:
 
 
 def cmd_show(args) -> int:
-    from drafter_attn.kernels.shipped import find_default
+    from drafter_attn.tuner.db import reading_path
 
-    path = args.db or find_default(args.sm, ("db",)) or default_path()  # the shipped profile
+    path = args.db or reading_path(args.sm)
     if args.compile:
         df = load_compile_profiles(path, args.sm)
         print_frame(df, args.format, ["sm", "arch", "variant", "kernel", "registers", "spill_bytes",

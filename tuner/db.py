@@ -218,6 +218,41 @@ def default_path() -> Path:
     return Path(data) / "drafter-attn" / "profile.db"
 
 
+def reading_path(sm: int | None = None) -> Path:
+    """What a command that only reads measurements (`tuner show`, `tuner export`, `bench report`)
+    reads without --db: $DRAFTER_DB, else this user's database (`default_path`, where sweeps
+    write) when it holds ok rows (of SM `sm` when given), else the profile database shipped for
+    the SM (--sm, else this GPU's; the only one shipped when neither says), else `default_path`
+    (whose absence the command then names)."""
+    own = default_path()
+    if os.environ.get("DRAFTER_DB") or _holds_rows(own, sm):
+        return own
+    from drafter_attn.kernels.shipped import find_default, shipped_dir
+
+    found = find_default(sm, ("db",))
+    if found is None and sm is None and (folder := shipped_dir()) is not None:
+        shipped = sorted(folder.glob("sm*.db"))
+        found = shipped[0] if len(shipped) == 1 else None
+    return found or own
+
+
+def _holds_rows(path: Path, sm: int | None) -> bool:
+    """Whether the database at `path` holds an ok result row (of SM `sm`); False when it cannot
+    be read."""
+    if not path.is_file():
+        return False
+    sql = "SELECT 1 FROM results r JOIN environments e USING (env_id) WHERE r.status = 'ok'"
+    try:
+        conn = sqlite3.connect(_readonly_uri(path, False), uri=True)
+        try:
+            return conn.execute(sql + (" AND e.sm = ?" if sm is not None else "") + " LIMIT 1",
+                                () if sm is None else (sm,)).fetchone() is not None
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
+
+
 def _retry_locked(fn, attempts: int = 200, wait_s: float = 0.05):
     """Run fn(), retrying while SQLite says the database is locked (beyond the busy timeout,
     e.g. a journal-mode switch racing other first openers)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from drafter_attn.kernels import tuned_table
 from drafter_attn.tuner.cli_checks import OutputError, int_list, non_negative_float, writable_file
-from drafter_attn.tuner.db import SchemaError, default_path
+from drafter_attn.tuner.db import SchemaError, default_path, reading_path
 
 
 def _gpu_class(text: str) -> tuple[str, list[str]]:
@@ -75,7 +75,8 @@ def cmd_export(args) -> int:
     from drafter_attn.kernels.dispatch import TableError
     from drafter_attn.tuner.export import TODAYS, export_table, write_table
 
-    path = args.db or _default_source(args.sm, ("db",))
+    sms = list(args.sm or [])
+    path = args.db or reading_path(sms[0] if len(sms) == 1 else None)
     try:
         table = export_table(path, args.sm, include_predicted=args.include_predicted,
                              resolve_commits=not args.no_commits, gpu_classes=dict(args.gpu_class or []),
