@@ -193,6 +193,21 @@ def _(k_new, v_new, num_new, k_arena, v_arena, slots, ctx_lens, backend=""):
     return None
 
 
+# A drafter runs inference only: the kernels have no backward. A model whose weights require
+# grad, compiled and called with grad enabled, would otherwise fail in torch's own words ("no
+# autograd formula was registered"); this says what to do.
+NO_BACKWARD = ("drafter_attn's ops have no backward (drafter attention is inference only): run "
+               "the model under torch.inference_mode() or torch.no_grad()")
+
+
+def _no_backward(ctx, *grads):
+    raise RuntimeError(NO_BACKWARD)
+
+
+for _op in (_paged_attention, _arena_attention):  # (torch takes formulas for functional ops only)
+    _op.register_autograd(_no_backward, setup_context=lambda ctx, inputs, output: None)
+
+
 # ---------------------------------------------------------------------------------------------
 # Python entry points (the contract's signatures, plus `out=` and `backend=`)
 

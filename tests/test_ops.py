@@ -4,6 +4,8 @@ CUDA-graph mode of torch.compile)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -169,6 +171,20 @@ def check_compiled_layer(device, mode=None, backend="", runtime=None):
 def test_drafter_layer_compiles_fullgraph_and_matches_eager():
     torch._dynamo.reset()
     check_compiled_layer("cpu")
+
+
+def test_a_compiled_layer_called_with_grad_says_to_run_under_inference_mode():
+    """The layer's weights require grad: compiled and called with grad enabled, torch traces a
+    backward the kernels do not have. The error says what to do (torch's own said only that no
+    autograd formula was registered); under inference_mode the same layer runs."""
+    torch._dynamo.reset()
+    layer = DrafterLayer().to(dtype=DT)
+    compiled = torch.compile(layer, fullgraph=True)
+    with pytest.raises(Exception, match=re.escape(ops.NO_BACKWARD)):
+        run_layer_steps(layer, compiled, "cpu", steps=1)
+    with torch.inference_mode():
+        (out,), _ = run_layer_steps(layer, compiled, "cpu", steps=1)
+    assert out.isfinite().all()
 
 
 def test_runtime_compiles_fullgraph_through_the_ops():
