@@ -88,9 +88,38 @@ def _recorded_lines(requested: int, predicted: dict[str, int] | None, bullet: st
         return [f"{bullet}read the predicted rows recorded for SM {requested} (tuner predict: measured "
                 f"efficiency x datasheet bandwidth; {rows}):",
                 f"    bench report --sm {requested}   or   tuner show --sm {requested}"]
-    return [f"{bullet}see what is recorded for SM {requested}: bench report --sm {requested}",
-            f"    or tuner show --sm {requested}",
-            f"{bullet}project it from measured rows: tuner predict --sm {requested}"]
+    if _measured(requested):
+        return [f"{bullet}see what was measured on SM {requested}: bench report --sm {requested}",
+                f"    or tuner show --sm {requested}"]
+    if _has_datasheet(requested):
+        return [f"{bullet}project SM {requested} from another SM's measurements: tuner predict --sm {requested}"]
+    return [f"{bullet}nothing is recorded for SM {requested}, and tuner's datasheet table has no GPU "
+            f"of it to project measurements onto (tuner predict --list shows the GPUs it knows)"]
+
+
+def _measured(sm: int) -> bool:
+    """Whether the database a reading command would read for `sm` holds measured ok rows of it."""
+    import sqlite3
+
+    from drafter_attn.tuner.db import ProfileDB, SchemaError, reading_path
+
+    sql = ("SELECT 1 FROM results r JOIN environments e USING (env_id) WHERE e.sm = ? "
+           "AND r.status = 'ok' AND r.provenance = 'measured' LIMIT 1")
+    try:
+        with ProfileDB(reading_path(sm), readonly=True) as db:
+            return bool(db.query(sql, (sm,)))
+    except (SchemaError, sqlite3.Error, OSError):
+        return False
+
+
+def _has_datasheet(sm: int) -> bool:
+    from drafter_attn.tuner.predict import DatasheetError, load_datasheets, target_gpu
+
+    try:
+        target_gpu(load_datasheets(), sm)
+        return True
+    except DatasheetError:
+        return False
 
 
 def predicted_rows(db_path, sm: int) -> dict[str, int]:

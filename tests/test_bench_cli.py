@@ -132,8 +132,9 @@ def test_sm_mismatch_names_the_gpu_and_what_to_do(fake_h200, capsys):
     assert "--sm 107 does not match the GPU here" in err
     assert "NVIDIA H200" in err and "SM 90" in err
     assert "run without --sm, or with --sm 90" in err
-    assert "bench report --sm 107" in err
-    assert "tuner show --sm 107" in err
+    # nothing measured on SM 107 (the shipped profile is sm90's): how to project it
+    assert "project SM 107 from another SM's measurements: tuner predict --sm 107" in err
+    assert "bench report --sm 107" not in err
 
 
 def test_sm_mismatch_known_sm_is_named(fake_h200, capsys):
@@ -156,8 +157,13 @@ def test_no_gpu_message(monkeypatch, capsys, tmp_path):
     assert "torch.cuda.is_available() = False" in err
     assert "bench memory" in err and "bench report" in err
     # --sm N: what is recorded for SM N (nothing here: how to project it)
-    assert "project it from measured rows: tuner predict --sm 107" in err
+    assert "project SM 107 from another SM's measurements: tuner predict --sm 107" in err
     assert not (tmp_path / "none.db").exists()
+    monkeypatch.delenv("DRAFTER_DB")  # the shipped sm90 profile: measured, so report it
+    err = _err(capsys, ["decode", "--sm", "90"])
+    assert "see what was measured on SM 90: bench report --sm 90" in err and "tuner predict" not in err
+    err = _err(capsys, ["decode", "--sm", "9000"])
+    assert "nothing is recorded for SM 9000" in err and "tuner predict --sm" not in err
     err = _err(capsys, ["prefill"])
     assert "bench prefill: no CUDA GPU found" in err
 
