@@ -304,10 +304,10 @@ def cmd_measure(args, argv) -> int:
 
     command = f"bench {args.command}"
     geometry, label = opt.geometry_from_args(args)
+    gpu = _select_gpu(args, command)  # no GPU: said first, whatever else the options need
     p = _measure_plan(args, geometry, label)
     if p.nsys:
         p.notes.append(decode.require_nsys())
-    gpu = _select_gpu(args, command)
     decode.check_memory(p, gpu.memory_bytes, gpu.sm)
     out = _out_dir(command, decode.results_dir(gpu.sm) if args.out is None else args.out)
     db = _open_db(args, command)

@@ -387,6 +387,10 @@ def require_nsys(find=None) -> str:
     from drafter_attn.tuner import nsys as nsys_tool
 
     install = (find or nsys_tool.find_nsys)()
+    if install.path is None:
+        raise BenchError(f"--syncs all needs Nsight Systems, and nsys was not found "
+                         f"({'; '.join(install.searched) or 'nowhere searched'}); nothing was "
+                         f"measured: install it, or use --syncs fast")
     if not install.usable:
         raise BenchError(f"--syncs all: {install.note}")
     return (f"nsys layer: {install.path}" + (f" ({install.version})" if install.version else "")

@@ -34,7 +34,8 @@ def sizes(text: str, *, what: str = "sizes", minimum: int = 1, power_of_two: boo
         try:
             value = parse_size(part)
         except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"{exc} (one of the {what})") from None
+            where = f"one of the {what}" if len(parts) > 1 else what
+            raise argparse.ArgumentTypeError(f"{exc} ({where})") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{what} must be at least {minimum}, got {part.strip()!r}")
         if power_of_two and value & (value - 1):

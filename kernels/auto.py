@@ -109,7 +109,7 @@ class Recommendation:
 
     def to_text(self) -> str:
         d = self.deployment
-        head = (f"AUTO for {d.preset} on sm{self.sm}: page {d.page_size}, max ctx {d.max_ctx}, "
+        head = (f"AUTO for {d.preset} on {'an unknown SM' if self.sm is None else f'sm{self.sm}'}: page {d.page_size}, max ctx {d.max_ctx}, "
                 f"concurrency {d.concurrency}, prefix hits {d.prefix_hit:.0%}, {d.serving} serving")
         verdict = (f"recommendation: {self.layout} (decided by {self.decided_by})" if self.layout
                    else "recommendation: none: the measurement that would decide is missing")
@@ -254,7 +254,7 @@ def _median(xs: list[float]) -> float:
 
 
 def _subject(d: Deployment, sm: int | None) -> str:
-    return f"{d.preset} page {d.page_size} and arena on sm{sm}"
+    return f"{d.preset} page {d.page_size} and arena on " + ("an unknown SM" if sm is None else f"sm{sm}")
 
 
 def _latency_reasons(d: Deployment, entries, sm: int | None, sms: list[int],

@@ -58,3 +58,13 @@ def find_default(sm: int | None = None, kinds=("table", "db"), regime: str = "bu
         if path.is_file():
             return path
     return None
+
+
+def only_shipped(kind: str = "db") -> Path | None:
+    """The one `kind` file shipped, where exactly one SM has one (what a reading command without
+    --sm on a machine without a GPU reads); None otherwise."""
+    folder = shipped_dir()
+    if folder is None:
+        return None
+    found = [p for p in folder.glob(f"sm*{SUFFIXES[kind]}") if p.stem[2:].isdigit()]
+    return found[0] if len(found) == 1 else None

@@ -807,3 +807,19 @@ def test_report_keeps_steps_that_store_different_rows_apart(tmp_path):
     assert sorted(df["step"].unique()) == ["decode", "decode 4.4 rows"]
     ov = report.overheads(df).set_index("step")["overhead_pct"]
     assert ov["decode"] == pytest.approx(1.0) and ov["decode 4.4 rows"] == pytest.approx(50.0)
+
+
+def test_no_gpu_is_said_before_what_else_the_options_need(monkeypatch, capsys, tmp_path):
+    """Without a GPU nothing can run: that comes first, not a missing FlashInfer or nsys (which
+    said the other sync layers ran)."""
+    from drafter_attn.bench import decode
+    from drafter_attn.tuner import nsys as nsys_tool
+
+    monkeypatch.setattr(gpu, "probe", lambda: [])
+    for extra in (["--baseline", "flashinfer"], ["--syncs", "all"]):
+        err = _err(capsys, ["decode", "--db", str(tmp_path / "p.db"), *extra])
+        assert err.startswith("bench decode: no CUDA GPU found")
+    missing = nsys_tool.NsysInstall(None, None, None, None, (), searched=("$PATH",))
+    with pytest.raises(options.BenchError, match=r"--syncs all needs Nsight Systems, and nsys was "
+                                                 r"not found \(\$PATH\); nothing was measured"):
+        decode.require_nsys(lambda: missing)

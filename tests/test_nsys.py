@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from drafter_attn.kernels.presets import get_preset
 from drafter_attn.kernels.spec import Problem
@@ -377,8 +378,11 @@ def test_reference_syncing_is_never_exported_nor_picked(tmp_path, caplog):
 
 
 def test_bench_syncs_all_refuses_an_nsys_that_cannot_import(tmp_path, monkeypatch, capsys):
-    from drafter_attn.bench import cli
+    from drafter_attn.bench import cli, gpu
+    from test_bench_cli import H200
 
+    monkeypatch.setattr(gpu, "probe", lambda: [H200])  # a GPU: the nsys check is what refuses
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
     broken = nsys.NsysInstall("/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys", "install folder",
                               "2025.3.1", "/opt/q/QdstrmImporter", (("/opt/q/QdstrmImporter", "libdw.so.1"),))
     monkeypatch.setattr(nsys, "find_nsys", lambda *a, **k: broken)

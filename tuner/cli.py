@@ -289,6 +289,13 @@ def cmd_show(args) -> int:
         load = ["sustain_load"] if "sustain_load" in df and df["sustain_load"].notna().any() else []
         columns = columns[:at] + ["sustain_s", *load, "sm_clock_mhz"] + columns[at:]
     print_frame(df, args.format, columns, f"{len(df)} results in {path}")
+    if df.empty and args.preset:
+        with ProfileDB(path, readonly=True) as db:
+            have = [r["preset"] for r in db.query("SELECT DISTINCT preset FROM results ORDER BY preset")]
+        if args.preset not in have:
+            print(f"tuner show: no rows of preset {args.preset!r} in {path} (its presets: "
+                  f"{', '.join(map(str, have)) or 'none'})", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -227,12 +227,11 @@ def reading_path(sm: int | None = None) -> Path:
     own = default_path()
     if os.environ.get("DRAFTER_DB") or _holds_rows(own, sm):
         return own
-    from drafter_attn.kernels.shipped import find_default, shipped_dir
+    from drafter_attn.kernels.shipped import find_default, only_shipped
 
     found = find_default(sm, ("db",))
-    if found is None and sm is None and (folder := shipped_dir()) is not None:
-        shipped = sorted(folder.glob("sm*.db"))
-        found = shipped[0] if len(shipped) == 1 else None
+    if found is None and sm is None:
+        found = only_shipped("db")
     return found or own
 
 
@@ -308,8 +307,9 @@ class ProfileDB:
             raise SchemaError(f"{self.path} is a directory, not a profile database")
         if not self.path.exists():
             if not create:
-                raise SchemaError(f"no profile database at {self.path} (run `tuner sweep` or "
-                                  f"`tuner compile` to create one, or pass --db)")
+                hint = (" (run `tuner sweep` or `tuner compile` to create one, or pass --db)"
+                        if path is None or self.path == default_path() else "")
+                raise SchemaError(f"no profile database at {self.path}{hint}")
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:

@@ -367,6 +367,12 @@ def _compare(argv) -> int:
     ap.add_argument("--no-nsys", action="store_true", help="the two in-process layers only")
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep each nsys export (<impl>.sqlite) here")
     args = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"{ap.prog}: no CUDA GPU here (torch.cuda.is_available() is False): the sync "
+              f"detectors watch a decode step run on one", file=sys.stderr)
+        return 2
     g = get_preset(args.preset)
     if args.layers:
         g = g.with_(num_layers=args.layers)

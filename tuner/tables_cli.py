@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from drafter_attn.kernels import tuned_table
-from drafter_attn.tuner.cli_checks import OutputError, int_list, non_negative_float, writable_file
+from drafter_attn.tuner.cli_checks import OutputError, int_list, non_negative_float, positive_size, writable_file
 from drafter_attn.tuner.db import SchemaError, default_path, reading_path
 
 
@@ -55,12 +55,15 @@ def _hit_lengths(text: str) -> list[int]:
 
 
 def _default_source(sm, kinds) -> Path:
-    """$DRAFTER_TUNED_TABLE/$DRAFTER_DB, else what ships for the SM (--sm, else this GPU's),
-    else the default database."""
-    from drafter_attn.kernels.shipped import find_default
+    """$DRAFTER_TUNED_TABLE/$DRAFTER_DB, else what ships for the SM (--sm, else this GPU's; the
+    only SM shipped when neither says), else the default database."""
+    from drafter_attn.kernels.shipped import find_default, only_shipped
 
     sms = [sm] if isinstance(sm, int) else list(sm or [])
-    return find_default(sms[0] if len(sms) == 1 else None, kinds) or default_path()
+    found = find_default(sms[0] if len(sms) == 1 else None, kinds)
+    if found is None and not sms:
+        found = next(filter(None, (only_shipped(kind) for kind in kinds)), None)
+    return found or default_path()
 
 
 def _fail(command: str, exc: Exception) -> int:
@@ -378,13 +381,14 @@ def add_commands(sub, add_db) -> None:
     p = sub.add_parser("auto", help="paged or arena for a deployment, with measured reasons")
     p.add_argument("--preset", required=True, help="drafter geometry preset")
     p.add_argument("--page", type=int, required=True, help="page size of the paged pool")
-    p.add_argument("--max-ctx", type=int, required=True, help="maximum context per request (tokens)")
+    p.add_argument("--max-ctx", type=positive_size, required=True,
+                   help="maximum context per request (tokens; 32k, 1M)")
     p.add_argument("--concurrency", type=int, required=True, help="requests decoding at once")
     p.add_argument("--prefix-hit", type=float, default=0.0,
                    help="expected fraction of prompt tokens from the prefix cache (0..1)")
     p.add_argument("--serving", choices=["agg", "disagg"], default="agg",
                    help="aggregated, or disaggregated prefill/decode")
-    p.add_argument("--mean-ctx", type=int, help="typical context length (memory below max ctx)")
+    p.add_argument("--mean-ctx", type=positive_size, help="typical context length (memory below max ctx)")
     p.add_argument("--hit-lengths", type=_hit_lengths,
                    help="prefix-hit lengths for the page-rounding distribution (list or @FILE)")
     p.add_argument("--sm", type=int, help="SM of the measurements (default: the only one present)")
