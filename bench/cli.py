@@ -58,7 +58,8 @@ def _measure_options(p: argparse.ArgumentParser, defaults: dict) -> None:
                    help="implementations: auto (kernels.dispatch over $DRAFTER_TUNED_TABLE or the profile "
                         "database; cupy without kernels.dispatch), or registry names (cupy, reference, ...; "
                         "reference-syncing: the cupy attention with a store that syncs the host once per "
-                        "layer, a reference showing what a stall costs)")
+                        "layer, a reference showing what a stall costs), each optionally with parameters: "
+                        "auto,cupy:ws=2,stages=4 (or ';' between specs)")
     p.add_argument("--concurrency", type=opt.concurrency, default=None,
                    help="requests the KV memory model is sized for (default: each row's batch)")
     p.add_argument("--max-ctx", type=opt.max_ctx, default=None,
@@ -166,7 +167,7 @@ def _measure_plan(args, geometry, label: str):
     from drafter_attn.bench import decode
 
     preset = None if label.startswith("custom:") else label
-    impls = [s.strip() for s in args.impl.split(",") if s.strip()]
+    impls = decode.split_impls(args.impl)
     regime = args.regime or default_regime()
     if args.command == "decode":
         return decode.plan("decode", geometry, label, preset, pages=args.page, batches=args.batch,

@@ -171,13 +171,44 @@ def baselines_wanted(option: str, geometry) -> tuple[list[str], list[str]]:
     return names, []
 
 
+def split_impls(text: str) -> list[str]:
+    """--impl's items: names or backend specs (`cupy:tile_n=32,stages=4`), separated by commas
+    (a `key=value` item belongs to the spec before it: names hold no "=") or by semicolons."""
+    out: list[str] = []
+    for part in (p.strip() for p in text.split(";" if ";" in text else ",")):
+        if not part:
+            continue
+        if out and "=" in part and ":" not in part and ";" not in text:
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    return out
+
+
 def check_impls(impls: list[str]) -> list[str]:
+    """`impls` checked: `auto`, registry names, or specs of known backends with parameters they
+    take (BenchError naming the first that is not)."""
     from drafter_attn.kernels import registry
 
     known = registry.names()
-    for name in impls:
-        if name != "auto" and name not in known:
-            raise BenchError(f"--impl {name}: unknown implementation; known: auto, {', '.join(known)}")
+    for spec in impls:
+        if spec == "auto":
+            continue
+        try:
+            name, params = registry.parse_spec(spec)
+        except ValueError as exc:
+            raise BenchError(f"--impl {spec}: {exc}") from None
+        if name not in known:
+            raise BenchError(f"--impl {spec}: unknown implementation {name!r}; known: auto, "
+                             f"{', '.join(known)} (each optionally with parameters, e.g. "
+                             f"cupy:tile_n=32,stages=4)")
+        if params:
+            try:
+                registry.check_params(registry.get(name), params)
+            except registry.BackendUnavailable:
+                pass  # measured as a failure, with the reason, where it cannot be built
+            except (ValueError, TypeError) as exc:
+                raise BenchError(f"--impl {spec}: {exc}") from None
     return list(dict.fromkeys(impls))
 
 
@@ -330,7 +361,7 @@ def resolve_impl(option: str, problem, *, dispatcher=None, dispatcher_note: str 
     from drafter_attn.kernels import registry
 
     if option != "auto":
-        impl, params, note, summary = option, {}, f"--impl {option}", f"--impl {option}"
+        (impl, params), note, summary = registry.parse_spec(option), f"--impl {option}", f"--impl {option}"
     else:
         try:
             pick = dispatcher.pick(problem, sm)

@@ -823,3 +823,24 @@ def test_no_gpu_is_said_before_what_else_the_options_need(monkeypatch, capsys, t
     with pytest.raises(options.BenchError, match=r"--syncs all needs Nsight Systems, and nsys was "
                                                  r"not found \(\$PATH\); nothing was measured"):
         decode.require_nsys(lambda: missing)
+
+
+def test_decode_takes_backend_specs_with_parameters(fake_bench, monkeypatch, tmp_path, capsys):
+    """`--impl auto,cupy:tile_n=32,stages=4`: a spec's parameters stay with it (the comma before
+    `stages=4` is the spec's own) and reach the measurement; a bad one is refused by name."""
+    seen = []
+
+    def measure(wire, reps=0, nsys=False):
+        seen.append((wire["impl"], dict(wire["params"])))
+        return _fake_decode(wire)
+
+    monkeypatch.setattr(decode, "default_measures", lambda: (measure, _fake_context, _fake_baseline))
+    argv = ["decode", "--page", "64", "--batch", "1", "--ctx", "2k", "--baseline", "none",
+            "--impl", "auto,cupy:tile_n=32,stages=4", "--db", str(tmp_path / "p.db"), "--out", str(tmp_path / "o")]
+    assert cli.main(argv) == 0
+    df = pd.read_csv(tmp_path / "o" / "decode.csv")
+    assert set(df.impl_option) == {"auto", "cupy:tile_n=32,stages=4"}
+    spec = [p for impl, p in seen if p.get("tile_n") == 32]
+    assert spec and all(p["stages"] == 4 for p in spec)
+    err = _err(capsys, argv[:-6] + ["--impl", "cupy:tile_n=31", "--db", str(tmp_path / "p.db")])
+    assert "--impl cupy:tile_n=31: backend 'cupy': parameter tile_n=31 must be a power of two" in err
