@@ -178,7 +178,7 @@ def test_no_gpu_real_process():
 
 @pytest.mark.parametrize("argv, message", [
     (["decode", "--accepted", "16"], "--accepted 16: a step stores accepted + 1 = 17 rows"),
-    (["decode", "--impl", "triton"], "--impl triton: unknown implementation; known: auto, "),
+    (["decode", "--impl", "triton"], "--impl triton: unknown implementation 'triton'; known: auto, "),
     (["decode", "--mask", "sliding"], "--mask sliding needs --window W"),
     (["decode", "--mask", "full", "--window", "64"], "--window applies to the sliding masks only"),
     (["decode", "--heads", "32/8", "--block", "0"], None),  # argparse: positive integer
