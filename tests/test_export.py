@@ -301,7 +301,8 @@ def test_predict_projects_a_candidates_newest_timing(tmp_path, capsys):
     timings = [dict(params=FAST, median_us=us, bytes_moved=10**8) for us in (100.0, 80.0)]
     build_db(db, {"h": (H200, timings)})
     assert main(["predict", "--db", str(db), "--sm", "103", "--from", "90"]) == 0
-    assert "1 predicted rows written" in capsys.readouterr().err
+    assert ("1 predicted rows written from sm90; 0 predicted before; 1 older timings of a candidate "
+            "projected from its newest;") in capsys.readouterr().err
     with ProfileDB(db, create=False) as d:
         (got,) = d.query("SELECT median_us, reason FROM results WHERE provenance = 'predicted'")
     assert got["median_us"] == pytest.approx(80.0 * 4.8 / 8.0) and "row 2" in got["reason"]

@@ -198,7 +198,7 @@ def predict(db_path, target_sm: int, from_sm: int | None = None, *, gpu: str | N
     gpus = load_datasheets(datasheets)
     target = target_gpu(gpus, target_sm, gpu)
     summary = {"target": target.name, "target_sm": target.sm, "target_tbs": target.bandwidth_tbs,
-               "target_source": target.source, "written": 0, "skipped_done": 0,
+               "target_source": target.source, "written": 0, "skipped_done": 0, "superseded": 0,
                "skipped_no_bytes": 0, "skipped_bad": [], "no_datasheet": [], "sources": [],
                "source_db": str(source or db_path)}
     if source is None:
@@ -234,6 +234,7 @@ def _write_predictions(db: ProfileDB, rows: list, gpus: list, target: GPU, summa
     sweep_id = "predict-" + uuid.uuid4().hex[:12]
     envs: dict[str, tuple[str, dict, GPU, set]] = {}
     pending: list[tuple[dict, dict]] = []
+    projected: set[tuple[str, str]] = set()
     for row in rows:
         src = gpu_for_device(gpus, row["gpu_name"])
         if src is None:
@@ -252,6 +253,9 @@ def _write_predictions(db: ProfileDB, rows: list, gpus: list, target: GPU, summa
             if source_gpu not in summary["sources"]:  # one GPU recorded under several environments
                 summary["sources"].append(source_gpu)
         eid, fp, src, done = envs[row["env_id"]]
+        if (eid, row["candidate_key"]) in projected:  # an older timing of a candidate just projected
+            summary["superseded"] += 1
+            continue
         if row["candidate_key"] in done:
             summary["skipped_done"] += 1
             continue
@@ -264,7 +268,7 @@ def _write_predictions(db: ProfileDB, rows: list, gpus: list, target: GPU, summa
         out = _projected(row, src, target, from_sm)
         out.update(env_id=eid, sweep_id=sweep_id)
         pending.append((fp, out))
-        done.add(row["candidate_key"])
+        projected.add((eid, row["candidate_key"]))
     pending.reverse()  # stored in the measured rows' order (they were read newest first)
     # All or nothing: a failure part way leaves no half-written prediction behind.
     with db_errors(db.path, "storing predicted rows"), db.transaction():

@@ -208,8 +208,10 @@ def cmd_predict(args) -> int:
     if s["source_db"] != str(dest):
         print(f"measured rows read from {s['source_db']}; predicted rows stored in {dest}",
               file=sys.stderr)
+    older = (f"; {s['superseded']} older timings of a candidate projected from its newest"
+             if s["superseded"] else "")
     print(f"{s['written']} predicted rows written from sm{s['from_sm']}; {s['skipped_done']} predicted "
-          f"before; {s['skipped_no_bytes']} without bytes_moved", file=sys.stderr)
+          f"before{older}; {s['skipped_no_bytes']} without bytes_moved", file=sys.stderr)
     if s["skipped_bad"]:
         print(f"tuner predict: skipped {len(s['skipped_bad'])} row(s) whose median_us, bytes_moved or "
               f"split times are not positive numbers (row ids {s['skipped_bad'][:10]})", file=sys.stderr)
