@@ -200,12 +200,13 @@ def _per_layer(e: dict) -> float:
 
 def merge_entries(*sources) -> list:
     """Tuned entries of several sources as one list: where two hold the same problem (SM, shape,
-    layout and page size, batch, context), the later source's entry counts. So measured
-    long-context rows (e.g. the database of scripts/long_ctx.sh) can join a shipped table."""
+    layout and page size, batch, context) measured on one GPU, the later source's entry counts.
+    So measured long-context rows (e.g. the database of scripts/long_ctx.sh) can join a shipped
+    table."""
     merged: dict[tuple, object] = {}
     for entries in sources:
         for e in entries:
-            key = (e["sm"], e["num_q_heads"], e["num_kv_heads"], e["head_dim"], e["block_size"],
+            key = ((e.get("provenance") or {}).get("gpu"), e["sm"], e["num_q_heads"], e["num_kv_heads"], e["head_dim"], e["block_size"],
                    e["mask"], e.get("window"), e["dtype"], e["layout"], e.get("page_size"), e["batch"],
                    e["ctx_len"])
             merged.pop(key, None)  # the later one, in the later position

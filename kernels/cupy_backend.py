@@ -1013,12 +1013,21 @@ _stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _plan_counters(index: int, batch: int) -> torch.Tensor:
-    """A store plan's own zeroed arrival counters, for its captures (`StorePlan`). Made inside
-    a capture, its zero fill is captured too, so every replay starts from zero."""
+    """A store plan's own zeroed arrival counters, for its captures (`StorePlan`). Made outside a
+    capture they are kept for the process's life (`_kept_counters`): a graph captured from the
+    plan holds their address after the plan is gone (`clear_plans`, a dropped backend). Made
+    inside a capture, they are the graph's own memory and their zero fill is captured too, so
+    every replay starts from zero."""
     if batch > MAX_BATCH:
         raise ValueError(f"batch={batch} exceeds {MAX_BATCH} requests a store call (the grid's y "
                          f"dimension)")
-    return _zeros(batch, index)
+    counters = _zeros(batch, index)
+    if not torch.cuda.is_current_stream_capturing():
+        _kept_counters.append(counters)  # B int32s a plan shape
+    return counters
+
+
+_kept_counters: list[torch.Tensor] = []
 
 
 def _zeros(n: int, index: int) -> torch.Tensor:
@@ -1034,8 +1043,8 @@ def _stream_counters(index: int, stream: int) -> int:
     requests (256 KB) and is never freed: plans keep its address. torch draws its streams from a
     fixed pool, so a process has a few of them."""
     buf = _counter_bufs.get((index, stream))
-    if buf is None:
-        buf = _counter_bufs[(index, stream)] = _zeros(MAX_BATCH, index)
+    if buf is None:  # two threads' first stores on one stream: one buffer kept, for both
+        buf = _counter_bufs.setdefault((index, stream), _zeros(MAX_BATCH, index))
     return buf.data_ptr()
 
 

@@ -505,11 +505,11 @@ def group_rows(rows, *, include_predicted: bool = False, where: str = "profile d
     out = {}
     for key in sorted(groups.keys() | fallback.keys(), key=lambda k: tuple(-1 if v is None else v for v in k)):
         if key in fallback:
-            fallback[key] = _most_layers(fallback[key])
+            fallback[key] = _most_layers(_under_one_load(fallback[key]))
         if key not in groups:  # sustained, never measured so: its burst rows decide
             out[key] = rank_rows(list(fallback[key].values()))
             continue
-        groups[key] = _under_one_load(_most_layers(groups[key]))
+        groups[key] = _most_layers(_under_one_load(groups[key]))
         out[key] = rank_rows(list(groups[key].values()))
         if key in fallback:
             out[key] = _keep_burst_winner(out[key], groups[key], rank_rows(list(fallback[key].values()))[0])
@@ -517,22 +517,22 @@ def group_rows(rows, *, include_predicted: bool = False, where: str = "profile d
 
 
 def _most_layers(rows: dict) -> dict:
-    """A key's rows, keyed (load, candidate, layers), as {(load, candidate): row} of its steps of
-    the most layers. A step's fixed cost (its launch, the graph's start) is spread over its
-    layers, so per-layer times of steps of different layer counts do not compare: a one-layer
-    row (`bench.attention_table` records them) would rank a candidate behind the same kernel's
+    """A key's rows, keyed (candidate, layers), as {candidate: row} of its steps of the most
+    layers. A step's fixed cost (its launch, the graph's start) is spread over its layers, so
+    per-layer times of steps of different layer counts do not compare: a one-layer row
+    (`bench.attention_table` records them) would rank a candidate behind the same kernel's
     whole-step rows. The most layers are the closest to a deployment's step."""
-    most = max(layers for _, _, layers in rows)
-    return {(load, c): r for (load, c, layers), r in rows.items() if layers == most}
+    most = max(layers for _, layers in rows)
+    return {c: r for (c, layers), r in rows.items() if layers == most}
 
 
 def _under_one_load(rows: dict) -> dict:
-    """A key's competing rows, keyed (load, candidate), as {candidate: row} under one load:
-    for sustained rows the co-runner's where any candidate was timed so, else the step's own
-    (burst rows have no load)."""
-    loads = {load for load, _ in rows}
+    """A key's competing rows, keyed (load, candidate, layers), as {(candidate, layers): row}
+    under one load: for sustained rows the co-runner's where any candidate was timed so, else
+    the step's own (burst rows have no load)."""
+    loads = {load for load, _, _ in rows}
     keep = "gemm" if "gemm" in loads else ("self" if "self" in loads else None)
-    return {c: r for (load, c), r in rows.items() if load == keep}
+    return {(c, layers): r for (load, c, layers), r in rows.items() if load == keep}
 
 
 def _keep_burst_winner(ranked: list[dict], sustained: dict, burst_winner: dict) -> list[dict]:
@@ -545,11 +545,18 @@ def _keep_burst_winner(ranked: list[dict], sustained: dict, burst_winner: dict) 
 
 
 def select_entries(rows, *, include_predicted: bool = False, where: str = "profile database",
-                   regime: str = "burst") -> list[dict]:
+                   regime: str = "burst", gpu_classes: Mapping | None = None) -> list[dict]:
     """Winners per (SM, shape, batch, context) from result rows (`group_rows`, in `regime`), as
-    tuned-table entries: the best candidate with up to MAX_ALTERNATIVES runners-up."""
-    return [_entry_of(ranked) for ranked in
-            group_rows(rows, include_predicted=include_predicted, where=where, regime=regime).values()]
+    tuned-table entries: the best candidate with up to MAX_ALTERNATIVES runners-up. Each GPU's
+    rows (or a class's, where `gpu_classes` puts it in one) decide its own entries: an entry is
+    used only on the GPU it was measured on, so another GPU's faster row must not take the key."""
+    groups: dict[str, list] = {}
+    for r in rows:
+        gpu = r.get("gpu_name")
+        group = next((name for name, members in (gpu_classes or {}).items() if gpu in members), gpu)
+        groups.setdefault(str(group), []).append(r)
+    return [_entry_of(ranked) for group in groups.values() for ranked in
+            group_rows(group, include_predicted=include_predicted, where=where, regime=regime).values()]
 
 
 def make_table(entries: list, source: dict | None = None, created_at: str | None = None,

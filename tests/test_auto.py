@@ -274,3 +274,20 @@ def test_cli_auto_with_a_named_source_says_nothing_is_missing(tmp_path, capsys, 
     assert main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["recommendation"] == "paged" and not any("nothing measured" in m for m in doc["missing"])
+
+
+def test_cli_auto_decides_on_one_gpus_measurements(tmp_path, capsys):
+    """A database of an H100 and an H200 (both sm90): the H100 measures arena faster, the H200
+    paged; `--gpu` names whose measurements decide, and without it (no GPU here) auto asks."""
+    h100 = dict(H200, gpu_name="NVIDIA H100 80GB HBM3")
+    pair = lambda paged, arena: [dict(layout="paged", page=64, batch=8, ctx=4096, median_us=paged),  # noqa: E731
+                                 dict(layout="arena", batch=8, ctx=4096, median_us=arena)]
+    db = tmp_path / "p.db"
+    build_db(db, {"h100": (h100, pair(60.0, 40.0)), "h200": (H200, pair(40.0, 60.0))})
+    argv = ["auto", "--preset", "qwen3-8b-dflash-b16", "--page", "64", "--max-ctx", "4096",
+            "--concurrency", "8", "--db", str(db), "--format", "json"]
+    for gpu, layout in (("H100", "arena"), ("H200", "paged")):
+        assert main(argv + ["--gpu", gpu]) == 0
+        assert json.loads(capsys.readouterr().out)["recommendation"] == layout
+    assert main(argv) == 2
+    assert "several GPUs (NVIDIA H100 80GB HBM3, NVIDIA H200): give --gpu" in capsys.readouterr().err

@@ -104,6 +104,21 @@ def test_each_gpu_decides_its_own_entries(tmp_path):
     assert entry["params"] == FAST and entry["median_us"] == 40.0 and entry["candidates"] == 2
 
 
+def test_diff_compares_each_gpus_entry_with_the_same_gpus(tmp_path):
+    """Two exports of the same H100 and H200 rows, stored in opposite orders, hold the same
+    entries: no flip (keyed by the problem alone, the diff compared one GPU's entry with the
+    other's, whichever came last)."""
+    h100 = dict(H200, gpu_name="NVIDIA H100 80GB HBM3")
+    rows = {"h100": (h100, [dict(params=SLOW, median_us=50.0)]), "h200": (H200, [dict(params=FAST, median_us=40.0)])}
+    build_db(tmp_path / "a.db", rows)
+    build_db(tmp_path / "b.db", dict(reversed(rows.items())))
+    a, b = (export.export_table(tmp_path / f"{n}.db", resolve_commits=False) for n in "ab")
+    d = export.diff_tables(a, b)
+    assert d["common"] == 2 and not d["flips"] and not d["slowdowns"] and not d["only_a"]
+    b["entries"] = [e for e in b["entries"] if e["provenance"]["gpu"] == "NVIDIA H200"]
+    assert [k.endswith("on NVIDIA H100 80GB HBM3") for k in export.diff_tables(a, b)["only_a"]] == [True]
+
+
 def test_export_takes_todays_sources_where_the_database_has_them(tmp_path, monkeypatch):
     """Rows of an older kernel-sources hash, left stale by a kernel edit, never win a key the
     database also measured on this checkout's sources (the runtime here would drop such an

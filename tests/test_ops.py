@@ -583,6 +583,11 @@ def test_store_counters_are_kept_per_stream_and_a_capture_has_its_own(launches, 
     monkeypatch.setattr(cb, "capturing", lambda: True)
     plan = backend._plans[cb.call_key("store_paged", args, None)]
     assert store_on(1) == plan.captured.data_ptr() not in {b.data_ptr() for b in cb._counter_bufs.values()}
+    # a graph captured from the plan keeps that address after the plan is gone
+    captured = plan.captured
+    backend.clear_plans()
+    del plan
+    assert any(t is captured for t in cb._kept_counters)
 
 
 def test_unsplit_plan_has_no_workspace(launches):
@@ -857,3 +862,26 @@ def test_runtime_runs_the_last_plan_of_a_form_for_matching_tensors():
     assert torch.equal(rt.paged_attention(*fresh, mask="sliding", window=30), want)
     wider = (*fresh[:5], torch.zeros(2, 5, dtype=torch.int32), fresh[6])
     assert torch.is_tensor(rt.paged_attention(*wider)) and len(ran) == 1
+
+
+def test_two_threads_first_stores_on_one_stream_share_one_counter_buffer(monkeypatch):
+    """torch.zeros lets another thread run: two plans' first stores on one stream, from two
+    threads, must both get the buffer the stream keeps (the other one would be freed)."""
+    import threading
+    import time
+
+    from drafter_attn.kernels import cupy_backend as cb
+
+    def slow_zeros(n, index):
+        time.sleep(0.05)
+        return torch.zeros(n, dtype=torch.int32)
+
+    monkeypatch.setattr(cb, "_zeros", slow_zeros)
+    monkeypatch.setattr(cb, "_counter_bufs", {})
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(cb._stream_counters(0, 7))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(got)) == 1 and got[0] == cb._counter_bufs[(0, 7)].data_ptr()

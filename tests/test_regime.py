@@ -129,6 +129,19 @@ def test_rows_under_a_co_runner_decide_their_keys(db):
     assert _winners(tuned_table.select_entries(rows, regime="sustained"))[(8, 32768)] == (TMA, "sustained")
 
 
+def test_co_load_rows_decide_whatever_layer_counts_the_other_loads_had(tmp_path):
+    """The load is chosen first, the layer count within it: co-load rows of fewer layers than the
+    key's own-load rows still decide it (taking the most layers first left only own-load rows)."""
+    one, path = MAIN.with_(num_layers=1), tmp_path / "p.db"
+    build_db(path, {"h200": (H200, [
+        dict(params=PAIR, median_us=100.0), dict(params=TMA, median_us=110.0),
+        dict(params=PAIR, median_us=100.0, sustain_s=0.75), dict(params=TMA, median_us=110.0, sustain_s=0.75),
+        dict(geometry=one, params=PAIR, median_us=40.0, sustain_s=0.75, sustain_load="gemm"),
+        dict(geometry=one, params=TMA, median_us=30.0, sustain_s=0.75, sustain_load="gemm")])})
+    (hot,) = tuned_table.select_entries(tuned_table.read_db_rows(path), regime="sustained")
+    assert (hot["params"], hot["provenance"]["sustain_load"], hot["num_layers"]) == (TMA, "gemm", 1)
+
+
 def test_sustained_candidates_are_recorded_with_their_load(tmp_path):
     problem = Problem(get_preset(MAIN_PRESET), "paged", 64, 8, 32768)
     burst = Candidate(problem, "cupy", tuple(sorted(PAIR.items())), None, MAIN_PRESET)

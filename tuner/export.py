@@ -103,9 +103,10 @@ def export_table(db_path, sms=None, *, include_predicted: bool = False, resolve_
     declares GPUs that may use each other's entries. `regime` (kernels.tuned_table.REGIMES):
     which timings decide each key.
 
-    Each GPU's rows (or a class's, where `gpu_classes` puts it in one) decide its own entries:
-    the runtime uses an entry only on the GPU it was measured on, so an H100's key won by an
-    H200 row would be a miss on the H100 with H100 rows there. `sources_hash`: only rows
+    Each GPU's rows (or a class's, where `gpu_classes` puts it in one) decide its own entries
+    (`tuned_table.select_entries`): the runtime uses an entry only on the GPU it was measured on,
+    so an H100's key won by an H200 row would be a miss on the H100 with H100 rows there.
+    `sources_hash`: only rows
     measured on those kernel sources; None: every row; TODAYS (the default): this checkout's
     sources where any row was measured on them (the runtime here runs no others: an older
     sources' row winning a key would leave the key a miss), else every row."""
@@ -119,10 +120,8 @@ def export_table(db_path, sms=None, *, include_predicted: bool = False, resolve_
         sources_hash = today if any(r["sources_hash"] == today for r in rows) else None
     if sources_hash is not None:
         rows = [r for r in rows if r["sources_hash"] == sources_hash]
-    entries = []
-    for group in _by_gpu(rows, gpu_classes or {}).values():
-        entries += tuned_table.select_entries(group, include_predicted=include_predicted,
-                                              where=f"profile database {db_path}", regime=regime)
+    entries = tuned_table.select_entries(rows, include_predicted=include_predicted, regime=regime,
+                                         where=f"profile database {db_path}", gpu_classes=gpu_classes)
     if resolve_commits:
         for e in entries:
             e["provenance"]["commit"] = commit_for_sources(e["provenance"]["sources_hash"])
@@ -132,16 +131,6 @@ def export_table(db_path, sms=None, *, include_predicted: bool = False, resolve_
               "gpus": sorted({str(e["provenance"]["gpu"]) for e in entries}),
               "rows": len(rows), "entries": len(entries)}
     return tuned_table.make_table(entries, source, gpu_classes=gpu_classes)
-
-
-def _by_gpu(rows: list[dict], classes: dict) -> dict[str, list[dict]]:
-    """`rows` by the GPU they were measured on, or by the class of `classes` that holds it."""
-    out: dict[str, list[dict]] = {}
-    for r in rows:
-        gpu = r.get("gpu_name")
-        group = next((name for name, members in classes.items() if gpu in members), gpu)
-        out.setdefault(str(group), []).append(r)
-    return out
 
 
 def write_table(table: dict, out) -> Path:
@@ -171,6 +160,10 @@ def read_table(path) -> dict:
 
 
 describe_key = dispatcher.describe_key
+
+
+def _gpu(e: tuned_table.Entry) -> str | None:
+    return (e.get("provenance") or {}).get("gpu")
 
 
 def _winner(e: tuned_table.Entry) -> str:
@@ -208,13 +201,17 @@ def diff_tables(a: dict, b: dict, threshold: float = 0.05) -> dict:
     (another implementation or parameter set wins; `_same_winner`), slowdowns (the winner's step
     latency per layer grew by more than `threshold`, a fraction), speedups (shrank by more),
     entries only in one of them."""
-    ea = {e.key: e for e in _typed(a)}
-    eb = {e.key: e for e in _typed(b)}
+    # a table may hold one entry of a key per GPU (export decides each GPU's keys on its rows)
+    ea = {(_gpu(e), e.key): e for e in _typed(a)}
+    eb = {(_gpu(e), e.key): e for e in _typed(b)}
+    several = len({g for g, _ in ea.keys() | eb.keys()}) > 1
+    describe = lambda gk: describe_key(gk[1]) + (f" on {gk[0]}" if several else "")  # noqa: E731
+    order = lambda gk: (str(gk[0]), tuple(-1 if v is None else v for v in gk[1]))  # noqa: E731
     flips, slowdowns, speedups = [], [], []
-    for key in sorted(set(ea) & set(eb), key=lambda k: tuple(-1 if v is None else v for v in k)):
+    for key in sorted(set(ea) & set(eb), key=order):
         x, y = ea[key], eb[key]
         change = y.per_layer_us / x.per_layer_us - 1.0
-        item = {"key": describe_key(key), "a": _winner(x), "b": _winner(y), "a_us": x.per_layer_us,
+        item = {"key": describe(key), "a": _winner(x), "b": _winner(y), "a_us": x.per_layer_us,
                 "b_us": y.per_layer_us, "change": change}
         if not _same_winner(x.winner, y.winner):
             flips.append(item)
@@ -222,8 +219,7 @@ def diff_tables(a: dict, b: dict, threshold: float = 0.05) -> dict:
             slowdowns.append(item)
         elif change < -threshold:
             speedups.append(item)
-    only = lambda s, t: [describe_key(k) for k in sorted(set(s) - set(t),  # noqa: E731
-                                                         key=lambda k: tuple(-1 if v is None else v for v in k))]
+    only = lambda s, t: [describe(k) for k in sorted(set(s) - set(t), key=order)]  # noqa: E731
     return {"threshold": threshold, "common": len(set(ea) & set(eb)), "flips": flips,
             "slowdowns": slowdowns, "speedups": speedups, "only_a": only(ea, eb), "only_b": only(eb, ea)}
 

@@ -54,6 +54,28 @@ def _hit_lengths(text: str) -> list[int]:
     return out
 
 
+def _one_gpu(entries: list, gpu: str | None, sm: int | None) -> list:
+    """The entries of one GPU (a table may hold a key per GPU of an SM, and a paged entry of one
+    GPU never decides against another's arena entry): `gpu` (a name, or part of one), else the
+    only GPU measured (on `sm` when given), else this machine's; ValueError when that leaves
+    several."""
+    gpus = sorted({str((e.get("provenance") or {}).get("gpu")) for e in entries
+                   if sm is None or e["sm"] == sm})
+    if gpu is None and len(gpus) > 1:
+        from drafter_attn.kernels.tuned_table import current_environment
+
+        here = current_environment().gpu_name
+        gpu = here if here in gpus else None
+        if gpu is None:
+            raise ValueError(f"the measurements hold several GPUs ({', '.join(gpus)}): give --gpu")
+    if gpu is None:
+        return entries
+    chosen = [g for g in gpus if gpu.lower() in g.lower()]
+    if len(chosen) != 1:
+        raise ValueError(f"--gpu {gpu!r} matches {chosen or 'none'} of the GPUs measured: {', '.join(gpus)}")
+    return [e for e in entries if str((e.get("provenance") or {}).get("gpu")) == chosen[0]]
+
+
 def _default_source(sm, kinds) -> Path:
     """$DRAFTER_TUNED_TABLE/$DRAFTER_DB, else what ships for the SM (--sm, else this GPU's; the
     only SM shipped when neither says), else the default database."""
@@ -252,6 +274,10 @@ def cmd_auto(args) -> int:
     if more:
         entries = merge_entries(entries, *more)
         note = None if entries else note  # the named sources measured it: nothing is missing
+    try:
+        entries = _one_gpu(entries, args.gpu, args.sm)
+    except ValueError as exc:
+        return _fail("auto", exc)
     rec = recommend(d, entries, args.sm, latency_tolerance=args.tolerance, hit_lengths=args.hit_lengths)
     sources = ", ".join([str(source)] + list(args.more or []))
     if args.format == "json":
@@ -394,6 +420,8 @@ def add_commands(sub, add_db) -> None:
     p.add_argument("--hit-lengths", type=_hit_lengths,
                    help="prefix-hit lengths for the page-rounding distribution (list or @FILE)")
     p.add_argument("--sm", type=int, help="SM of the measurements (default: the only one present)")
+    p.add_argument("--gpu", help="GPU of the measurements, by (part of) its name, where they hold "
+                   "several of one SM (default: the only one, else this machine's)")
     p.add_argument("--table", help="tuned table or profile database (default: --db, else the default database)")
     add_db(p)
     p.add_argument("--with", dest="more", action="append", metavar="PATH",
