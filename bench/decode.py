@@ -264,8 +264,9 @@ def plan(command: str, geometry, label: str, preset: str | None, *, pages, batch
     from drafter_attn.kernels import registry
 
     for impl in impls:
-        if registry.reference_only(impl):
-            p.notes.append(f"{impl}: {registry.reference_only(impl)}; timed eagerly (no CUDA graph)")
+        why = impl != "auto" and registry.reference_only(registry.parse_spec(impl)[0])
+        if why:
+            p.notes.append(f"{impl}: {why}; timed eagerly (no CUDA graph)")
     for step, chunk in steps:
         room = geometry.block_size if step == DECODE else chunk
         if max_ctx is not None and max(ctxs) + room > max_ctx:
