@@ -56,7 +56,7 @@ def _sm_text(sm: int) -> str:
 
 
 def no_gpu_message(command: str, requested: int | None = None,
-                   predicted: dict[str, int] | None = None) -> str:
+                   predicted: dict[str, int] | None = None, db_path=None) -> str:
     """No CUDA GPU here: what torch says, what runs without one, and for `--sm N` what is
     recorded for SM N (`predicted`: predicted_rows)."""
     import torch
@@ -76,11 +76,12 @@ def no_gpu_message(command: str, requested: int | None = None,
     ]
     lines.append("  tuner show --sm N                                          (recorded profiles)")
     if requested is not None:
-        lines += _recorded_lines(requested, predicted, "  ")
+        lines += _recorded_lines(requested, predicted, "  ", db_path)
     return "\n".join(lines)
 
 
-def _recorded_lines(requested: int, predicted: dict[str, int] | None, bullet: str) -> list[str]:
+def _recorded_lines(requested: int, predicted: dict[str, int] | None, bullet: str,
+                    db_path=None) -> list[str]:
     """Where the rows recorded for SM `requested` are: the predicted ones when there are some,
     else how to look and how to project them."""
     if predicted:
@@ -88,7 +89,7 @@ def _recorded_lines(requested: int, predicted: dict[str, int] | None, bullet: st
         return [f"{bullet}read the predicted rows recorded for SM {requested} (tuner predict: measured "
                 f"efficiency x datasheet bandwidth; {rows}):",
                 f"    bench report --sm {requested}   or   tuner show --sm {requested}"]
-    if _measured(requested):
+    if _measured(requested, db_path):
         return [f"{bullet}see what was measured on SM {requested}: bench report --sm {requested}",
                 f"    or tuner show --sm {requested}"]
     if _has_datasheet(requested):
@@ -97,8 +98,9 @@ def _recorded_lines(requested: int, predicted: dict[str, int] | None, bullet: st
             f"of it to project measurements onto (tuner predict --list shows the GPUs it knows)"]
 
 
-def _measured(sm: int) -> bool:
-    """Whether the database a reading command would read for `sm` holds measured ok rows of it."""
+def _measured(sm: int, db_path=None) -> bool:
+    """Whether `db_path` (else the database a reading command would read for `sm`) holds
+    measured ok rows of SM `sm`."""
     import sqlite3
 
     from drafter_attn.tuner.db import ProfileDB, SchemaError, reading_path
@@ -106,7 +108,7 @@ def _measured(sm: int) -> bool:
     sql = ("SELECT 1 FROM results r JOIN environments e USING (env_id) WHERE e.sm = ? "
            "AND r.status = 'ok' AND r.provenance = 'measured' LIMIT 1")
     try:
-        with ProfileDB(reading_path(sm), readonly=True) as db:
+        with ProfileDB(db_path or reading_path(sm), readonly=True) as db:
             return bool(db.query(sql, (sm,)))
     except (SchemaError, sqlite3.Error, OSError):
         return False
@@ -139,7 +141,7 @@ def predicted_rows(db_path, sm: int) -> dict[str, int]:
 
 
 def mismatch_message(command: str, requested: int, gpus: list[GpuInfo],
-                     predicted: dict[str, int] | None = None) -> str:
+                     predicted: dict[str, int] | None = None, db_path=None) -> str:
     """What was found and what to do instead; `predicted` (predicted_rows) points at the
     projections recorded for the SM asked."""
     found = "; ".join(g.describe() for g in gpus)
@@ -152,7 +154,7 @@ def mismatch_message(command: str, requested: int, gpus: list[GpuInfo],
         + (f" (or {', '.join(map(str, here[1:]))})" if len(here) > 1 else ""),
         f"  - run the same command on a machine with an {_sm_text(requested)} GPU",
     ]
-    return "\n".join(lines + _recorded_lines(requested, predicted, "  - "))
+    return "\n".join(lines + _recorded_lines(requested, predicted, "  - ", db_path))
 
 
 def require_gpu(sm: int | None, command: str = "bench decode", gpus: list[GpuInfo] | None = None,
@@ -162,10 +164,11 @@ def require_gpu(sm: int | None, command: str = "bench decode", gpus: list[GpuInf
     `sm` in the profile database (`db_path`, else the default one) where there are some."""
     gpus = probe() if gpus is None else gpus
     if not gpus:
-        raise BenchError(no_gpu_message(command, sm, None if sm is None else predicted_rows(db_path, sm)))
+        raise BenchError(no_gpu_message(command, sm, None if sm is None else predicted_rows(db_path, sm),
+                                        db_path))
     if sm is None:
         return gpus[0]
     for g in gpus:
         if g.sm == sm:
             return g
-    raise BenchError(mismatch_message(command, sm, gpus, predicted_rows(db_path, sm)))
+    raise BenchError(mismatch_message(command, sm, gpus, predicted_rows(db_path, sm), db_path))

@@ -291,3 +291,17 @@ def test_cli_auto_decides_on_one_gpus_measurements(tmp_path, capsys):
         assert json.loads(capsys.readouterr().out)["recommendation"] == layout
     assert main(argv) == 2
     assert "several GPUs (NVIDIA H100 80GB HBM3, NVIDIA H200): give --gpu" in capsys.readouterr().err
+
+
+def test_cli_auto_gpu_takes_an_exact_name_before_a_part(tmp_path, capsys):
+    """--gpu "NVIDIA H200" is the H200, not also the H200 NVL whose name contains it."""
+    nvl = dict(H200, gpu_name="NVIDIA H200 NVL")
+    pair = lambda paged, arena: [dict(layout="paged", page=64, batch=8, ctx=4096, median_us=paged),  # noqa: E731
+                                 dict(layout="arena", batch=8, ctx=4096, median_us=arena)]
+    db = tmp_path / "p.db"
+    build_db(db, {"nvl": (nvl, pair(60.0, 40.0)), "h200": (H200, pair(40.0, 60.0))})
+    argv = ["auto", "--preset", "qwen3-8b-dflash-b16", "--page", "64", "--max-ctx", "4096",
+            "--concurrency", "8", "--db", str(db), "--format", "json"]
+    for gpu, layout in (("NVIDIA H200", "paged"), ("nvl", "arena")):
+        assert main(argv + ["--gpu", gpu]) == 0
+        assert json.loads(capsys.readouterr().out)["recommendation"] == layout

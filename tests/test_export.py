@@ -117,6 +117,12 @@ def test_diff_compares_each_gpus_entry_with_the_same_gpus(tmp_path):
     assert d["common"] == 2 and not d["flips"] and not d["slowdowns"] and not d["only_a"]
     b["entries"] = [e for e in b["entries"] if e["provenance"]["gpu"] == "NVIDIA H200"]
     assert [k.endswith("on NVIDIA H100 80GB HBM3") for k in export.diff_tables(a, b)["only_a"]] == [True]
+    # exported as one class, each table's entry of the key (won by either GPU) is the class's
+    classes = {"hopper": [h100["gpu_name"], "NVIDIA H200"]}
+    build_db(tmp_path / "c.db", {"h100": (h100, [dict(params=SLOW, median_us=30.0)]), "h200": rows["h200"]})
+    a, c = (export.export_table(tmp_path / f"{n}.db", resolve_commits=False, gpu_classes=classes) for n in "ac")
+    d = export.diff_tables(a, c)
+    assert d["common"] == 1 and len(d["flips"]) == 1 and not d["only_a"] and not d["only_b"]
 
 
 def test_export_takes_todays_sources_where_the_database_has_them(tmp_path, monkeypatch):

@@ -352,3 +352,35 @@ def test_reading_commands_read_your_database_where_it_has_rows_else_the_shipped_
     assert dbmod.reading_path(100) == own  # yours first
     monkeypatch.setenv("DRAFTER_DB", str(tmp_path / "elsewhere.db"))
     assert dbmod.reading_path(90) == tmp_path / "elsewhere.db"
+
+
+def test_show_compile_reads_your_compile_profiles_and_rekey_never_the_shipped_database(tmp_path, monkeypatch):
+    """`tuner show --compile` reads your database where it holds compile profiles of the SM (it
+    holds no result rows after a `tuner compile`); `tuner rekey` without --db rewrites your own
+    database, never the shipped one (on a machine without a GPU it took the only one shipped)."""
+    import sqlite3
+
+    from drafter_attn.kernels import shipped
+    from drafter_attn.tuner import cli, rekey
+    from profile_fakes import H200, build_db
+
+    own_dir, ship = tmp_path / "profiles", tmp_path / "pkg"
+    own_dir.mkdir(), ship.mkdir()
+    monkeypatch.delenv("DRAFTER_DB", raising=False)
+    monkeypatch.setattr(dbmod, "_repo_profiles_dir", lambda: own_dir)
+    monkeypatch.setattr(shipped, "shipped_dir", lambda: ship)
+    monkeypatch.setattr(shipped, "gpu_sm", lambda: None)
+    build_db(ship / "sm90.db", {"h": (H200, [dict(median_us=10.0)])})
+    own = own_dir / "profile.db"
+    with ProfileDB(own):
+        pass
+    with sqlite3.connect(own) as c:
+        c.execute("INSERT INTO compile_profiles (sm, arch, backend, variant, kernel, sources_hash, nvrtc, "
+                  "created_at) VALUES (90, 'sm_90a', 'cupy', 'v', 'k', 'h', '13.0', 'now')")
+    assert dbmod.reading_path(90, "compile_profiles") == own
+    assert dbmod.reading_path(90) == ship / "sm90.db"  # no result rows of yours
+    seen = []
+    monkeypatch.setattr(rekey, "rekey_stale", lambda path, **kw: seen.append(path) or [])
+    monkeypatch.setattr(rekey, "summary_text", lambda *a, **kw: "")
+    cli.main(["rekey", "--dry-run"])
+    assert seen == [own]

@@ -266,7 +266,7 @@ def print_frame(df, fmt: str, columns=None, title: str = "") -> None:
 def cmd_show(args) -> int:
     from drafter_attn.tuner.db import reading_path
 
-    path = args.db or reading_path(args.sm)
+    path = args.db or reading_path(args.sm, "compile_profiles" if args.compile else "results")
     if args.compile:
         df = load_compile_profiles(path, args.sm)
         print_frame(df, args.format, ["sm", "arch", "variant", "kernel", "registers", "spill_bytes",

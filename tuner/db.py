@@ -218,14 +218,15 @@ def default_path() -> Path:
     return Path(data) / "drafter-attn" / "profile.db"
 
 
-def reading_path(sm: int | None = None) -> Path:
+def reading_path(sm: int | None = None, table: str = "results") -> Path:
     """What a command that only reads measurements (`tuner show`, `tuner export`, `bench report`)
     reads without --db: $DRAFTER_DB, else this user's database (`default_path`, where sweeps
     write) when it holds ok rows (of SM `sm` when given), else the profile database shipped for
     the SM (--sm, else this GPU's; the only one shipped when neither says), else `default_path`
-    (whose absence the command then names)."""
+    (whose absence the command then names). `table`: what must be there ("compile_profiles" for
+    `tuner show --compile`)."""
     own = default_path()
-    if os.environ.get("DRAFTER_DB") or _holds_rows(own, sm):
+    if os.environ.get("DRAFTER_DB") or _holds_rows(own, sm, table):
         return own
     from drafter_attn.kernels.shipped import find_default, only_shipped
 
@@ -235,12 +236,13 @@ def reading_path(sm: int | None = None) -> Path:
     return found or own
 
 
-def _holds_rows(path: Path, sm: int | None) -> bool:
-    """Whether the database at `path` holds an ok result row (of SM `sm`); False when it cannot
-    be read."""
+def _holds_rows(path: Path, sm: int | None, table: str = "results") -> bool:
+    """Whether the database at `path` holds an ok result row, or a compile profile (`table`), of
+    SM `sm` (any SM when None); False when it cannot be read."""
     if not path.is_file():
         return False
-    sql = "SELECT 1 FROM results r JOIN environments e USING (env_id) WHERE r.status = 'ok'"
+    sql = ("SELECT 1 FROM compile_profiles e WHERE 1" if table == "compile_profiles" else
+           "SELECT 1 FROM results r JOIN environments e USING (env_id) WHERE r.status = 'ok'")
     try:
         conn = sqlite3.connect(_readonly_uri(path, False), uri=True)
         try:

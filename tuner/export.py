@@ -162,8 +162,11 @@ def read_table(path) -> dict:
 describe_key = dispatcher.describe_key
 
 
-def _gpu(e: tuned_table.Entry) -> str | None:
-    return (e.get("provenance") or {}).get("gpu")
+def _gpu(e: tuned_table.Entry, table: dict) -> str | None:
+    """The GPU an entry was measured on, or the class of the table's `gpu_classes` holding it."""
+    gpu = (e.get("provenance") or {}).get("gpu")
+    return next((name for name, members in (table.get("gpu_classes") or {}).items()
+                 if gpu == name or gpu in members), gpu)
 
 
 def _winner(e: tuned_table.Entry) -> str:
@@ -201,9 +204,10 @@ def diff_tables(a: dict, b: dict, threshold: float = 0.05) -> dict:
     (another implementation or parameter set wins; `_same_winner`), slowdowns (the winner's step
     latency per layer grew by more than `threshold`, a fraction), speedups (shrank by more),
     entries only in one of them."""
-    # a table may hold one entry of a key per GPU (export decides each GPU's keys on its rows)
-    ea = {(_gpu(e), e.key): e for e in _typed(a)}
-    eb = {(_gpu(e), e.key): e for e in _typed(b)}
+    # a table may hold one entry of a key per GPU, or per class of GPUs (export decides each
+    # one's keys on its rows): entries compare within one GPU, a class's members as one
+    ea = {(_gpu(e, a), e.key): e for e in _typed(a)}
+    eb = {(_gpu(e, b), e.key): e for e in _typed(b)}
     several = len({g for g, _ in ea.keys() | eb.keys()}) > 1
     describe = lambda gk: describe_key(gk[1]) + (f" on {gk[0]}" if several else "")  # noqa: E731
     order = lambda gk: (str(gk[0]), tuple(-1 if v is None else v for v in gk[1]))  # noqa: E731

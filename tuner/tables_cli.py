@@ -54,26 +54,33 @@ def _hit_lengths(text: str) -> list[int]:
     return out
 
 
-def _one_gpu(entries: list, gpu: str | None, sm: int | None) -> list:
-    """The entries of one GPU (a table may hold a key per GPU of an SM, and a paged entry of one
-    GPU never decides against another's arena entry): `gpu` (a name, or part of one), else the
-    only GPU measured (on `sm` when given), else this machine's; ValueError when that leaves
-    several."""
-    gpus = sorted({str((e.get("provenance") or {}).get("gpu")) for e in entries
-                   if sm is None or e["sm"] == sm})
-    if gpu is None and len(gpus) > 1:
+def _one_gpu(entries: list, gpu: str | None) -> list:
+    """`entries` with one entry a problem: where a source holds a problem measured on several
+    GPUs (export decides each GPU's keys on its rows), the entry of GPU `gpu` (its name, else a
+    unique part of one), else of this machine's GPU; ValueError when neither tells. A paged entry
+    of one GPU never decides against another's arena entry."""
+    from drafter_attn.kernels.auto import problem_of
+
+    by_problem: dict[tuple, list] = {}
+    for e in entries:
+        by_problem.setdefault(problem_of(e), []).append(e)
+    shared = [v for v in by_problem.values() if len(v) > 1]
+    if not shared:
+        return entries
+    gpu_of = lambda e: str((e.get("provenance") or {}).get("gpu"))  # noqa: E731
+    gpus = sorted({gpu_of(e) for v in shared for e in v})
+    if gpu is None:
         from drafter_attn.kernels.tuned_table import current_environment
 
-        here = current_environment().gpu_name
-        gpu = here if here in gpus else None
-        if gpu is None:
-            raise ValueError(f"the measurements hold several GPUs ({', '.join(gpus)}): give --gpu")
-    if gpu is None:
-        return entries
-    chosen = [g for g in gpus if gpu.lower() in g.lower()]
+        gpu = current_environment().gpu_name
+        if gpu not in gpus:
+            raise ValueError(f"the measurements hold problems measured on several GPUs "
+                             f"({', '.join(gpus)}): give --gpu")
+    chosen = ([g for g in gpus if g.lower() == gpu.lower()]
+              or [g for g in gpus if gpu.lower() in g.lower()])
     if len(chosen) != 1:
         raise ValueError(f"--gpu {gpu!r} matches {chosen or 'none'} of the GPUs measured: {', '.join(gpus)}")
-    return [e for e in entries if str((e.get("provenance") or {}).get("gpu")) == chosen[0]]
+    return [e for v in by_problem.values() for e in v if len(v) == 1 or gpu_of(e) == chosen[0]]
 
 
 def _default_source(sm, kinds) -> Path:
@@ -138,7 +145,7 @@ def cmd_rekey(args) -> int:
     from drafter_attn.tuner.rekey import (complete_params, rekey_from_commit, rekey_stale,
                                           summary_text)
 
-    path = args.db or _default_source(None, ("db",))
+    path = args.db or default_path()  # it rewrites rows: never the shipped database unasked
     try:
         if args.from_commit:
             summaries = [rekey_from_commit(path, args.from_commit, jobs=args.jobs, dry_run=args.dry_run)]
@@ -258,26 +265,20 @@ def cmd_auto(args) -> int:
         return _fail("auto", f"no tuned table or profile database at {source}")
     entries: list = []
     note = None
-    if source.exists():
-        try:
-            entries, _ = load_entries(source, include_predicted=args.include_predicted)
-        except TableError as exc:
-            return _fail("auto", exc)
-    else:
-        note = f"no tuned table or profile database at {source}: nothing measured"
-    more = []
-    for extra in args.more or []:
-        try:  # named explicitly: a missing or unusable one is an error, not a note
-            more.append(load_entries(Path(extra), include_predicted=args.include_predicted)[0])
-        except TableError as exc:
-            return _fail("auto", exc)
+    try:
+        if source.exists():
+            entries = _one_gpu(load_entries(source, include_predicted=args.include_predicted)[0],
+                               args.gpu)
+        else:
+            note = f"no tuned table or profile database at {source}: nothing measured"
+        more = [_one_gpu(load_entries(Path(extra), include_predicted=args.include_predicted)[0],
+                         args.gpu)  # named explicitly: a missing or unusable one is an error
+                for extra in args.more or []]
+    except (TableError, ValueError) as exc:
+        return _fail("auto", exc)
     if more:
         entries = merge_entries(entries, *more)
         note = None if entries else note  # the named sources measured it: nothing is missing
-    try:
-        entries = _one_gpu(entries, args.gpu, args.sm)
-    except ValueError as exc:
-        return _fail("auto", exc)
     rec = recommend(d, entries, args.sm, latency_tolerance=args.tolerance, hit_lengths=args.hit_lengths)
     sources = ", ".join([str(source)] + list(args.more or []))
     if args.format == "json":
@@ -420,8 +421,8 @@ def add_commands(sub, add_db) -> None:
     p.add_argument("--hit-lengths", type=_hit_lengths,
                    help="prefix-hit lengths for the page-rounding distribution (list or @FILE)")
     p.add_argument("--sm", type=int, help="SM of the measurements (default: the only one present)")
-    p.add_argument("--gpu", help="GPU of the measurements, by (part of) its name, where they hold "
-                   "several of one SM (default: the only one, else this machine's)")
+    p.add_argument("--gpu", help="where a source holds a problem measured on several GPUs, whose "
+                   "entry counts, by its name or a unique part of one (default: this machine's)")
     p.add_argument("--table", help="tuned table or profile database (default: --db, else the default database)")
     add_db(p)
     p.add_argument("--with", dest="more", action="append", metavar="PATH",
