@@ -198,21 +198,15 @@ def _per_layer(e: dict) -> float:
     return e.get("per_layer_us") or e["median_us"] / (e.get("num_layers") or 1)
 
 
-def problem_of(e) -> tuple:
-    """A tuned entry's problem: SM, shape, layout and page size, batch, context."""
-    return (e["sm"], e["num_q_heads"], e["num_kv_heads"], e["head_dim"], e["block_size"], e["mask"],
-            e.get("window"), e["dtype"], e["layout"], e.get("page_size"), e["batch"], e["ctx_len"])
-
-
 def merge_entries(*sources) -> list:
-    """Tuned entries of several sources as one list: where two hold the same problem
-    (`problem_of`), the later source's entry counts. So measured long-context rows (e.g. the
+    """Tuned entries (kernels.tuned_table.Entry) of several sources as one list: where two hold
+    the same problem (`Entry.key`), the later source's entry counts. So measured long-context rows (e.g. the
     database of scripts/long_ctx.sh) can join a shipped table. Each source holds one entry a
     problem (`tuner auto` takes one GPU's where a source measured several)."""
     merged: dict[tuple, object] = {}
     for entries in sources:
         for e in entries:
-            key = problem_of(e)
+            key = e.key
             merged.pop(key, None)  # the later one, in the later position
             merged[key] = e
     return list(merged.values())

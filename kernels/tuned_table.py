@@ -544,6 +544,13 @@ def _keep_burst_winner(ranked: list[dict], sustained: dict, burst_winner: dict) 
     return [own, *(r for r in ranked if r is not own)]
 
 
+def gpu_group(gpu: str | None, classes: Mapping | None) -> str | None:
+    """The class of `classes` ({class: [GPU names]}) that holds `gpu` (or is it), else `gpu`:
+    the GPUs whose measurements decide one set of keys."""
+    return next((name for name, members in (classes or {}).items()
+                 if gpu == name or gpu in members), gpu)
+
+
 def select_entries(rows, *, include_predicted: bool = False, where: str = "profile database",
                    regime: str = "burst", gpu_classes: Mapping | None = None) -> list[dict]:
     """Winners per (SM, shape, batch, context) from result rows (`group_rows`, in `regime`), as
@@ -552,9 +559,7 @@ def select_entries(rows, *, include_predicted: bool = False, where: str = "profi
     used only on the GPU it was measured on, so another GPU's faster row must not take the key."""
     groups: dict[str, list] = {}
     for r in rows:
-        gpu = r.get("gpu_name")
-        group = next((name for name, members in (gpu_classes or {}).items() if gpu in members), gpu)
-        groups.setdefault(str(group), []).append(r)
+        groups.setdefault(str(gpu_group(r.get("gpu_name"), gpu_classes)), []).append(r)
     return [_entry_of(ranked) for group in groups.values() for ranked in
             group_rows(group, include_predicted=include_predicted, where=where, regime=regime).values()]
 

@@ -276,16 +276,21 @@ def test_cli_auto_with_a_named_source_says_nothing_is_missing(tmp_path, capsys, 
     assert doc["recommendation"] == "paged" and not any("nothing measured" in m for m in doc["missing"])
 
 
-def test_cli_auto_decides_on_one_gpus_measurements(tmp_path, capsys):
-    """A database of an H100 and an H200 (both sm90): the H100 measures arena faster, the H200
-    paged; `--gpu` names whose measurements decide, and without it (no GPU here) auto asks."""
-    h100 = dict(H200, gpu_name="NVIDIA H100 80GB HBM3")
+def _two_gpus(tmp_path, other: str) -> list[str]:
+    """`tuner auto`'s argv over a database of GPU `other` (arena faster) and the H200 (paged
+    faster), both sm90, one problem each."""
     pair = lambda paged, arena: [dict(layout="paged", page=64, batch=8, ctx=4096, median_us=paged),  # noqa: E731
                                  dict(layout="arena", batch=8, ctx=4096, median_us=arena)]
     db = tmp_path / "p.db"
-    build_db(db, {"h100": (h100, pair(60.0, 40.0)), "h200": (H200, pair(40.0, 60.0))})
-    argv = ["auto", "--preset", "qwen3-8b-dflash-b16", "--page", "64", "--max-ctx", "4096",
+    build_db(db, {"other": (dict(H200, gpu_name=other), pair(60.0, 40.0)), "h200": (H200, pair(40.0, 60.0))})
+    return ["auto", "--preset", "qwen3-8b-dflash-b16", "--page", "64", "--max-ctx", "4096",
             "--concurrency", "8", "--db", str(db), "--format", "json"]
+
+
+def test_cli_auto_decides_on_one_gpus_measurements(tmp_path, capsys):
+    """A database of an H100 and an H200 (both sm90): the H100 measures arena faster, the H200
+    paged; `--gpu` names whose measurements decide, and without it (no GPU here) auto asks."""
+    argv = _two_gpus(tmp_path, "NVIDIA H100 80GB HBM3")
     for gpu, layout in (("H100", "arena"), ("H200", "paged")):
         assert main(argv + ["--gpu", gpu]) == 0
         assert json.loads(capsys.readouterr().out)["recommendation"] == layout
@@ -295,13 +300,7 @@ def test_cli_auto_decides_on_one_gpus_measurements(tmp_path, capsys):
 
 def test_cli_auto_gpu_takes_an_exact_name_before_a_part(tmp_path, capsys):
     """--gpu "NVIDIA H200" is the H200, not also the H200 NVL whose name contains it."""
-    nvl = dict(H200, gpu_name="NVIDIA H200 NVL")
-    pair = lambda paged, arena: [dict(layout="paged", page=64, batch=8, ctx=4096, median_us=paged),  # noqa: E731
-                                 dict(layout="arena", batch=8, ctx=4096, median_us=arena)]
-    db = tmp_path / "p.db"
-    build_db(db, {"nvl": (nvl, pair(60.0, 40.0)), "h200": (H200, pair(40.0, 60.0))})
-    argv = ["auto", "--preset", "qwen3-8b-dflash-b16", "--page", "64", "--max-ctx", "4096",
-            "--concurrency", "8", "--db", str(db), "--format", "json"]
+    argv = _two_gpus(tmp_path, "NVIDIA H200 NVL")
     for gpu, layout in (("NVIDIA H200", "paged"), ("nvl", "arena")):
         assert main(argv + ["--gpu", gpu]) == 0
         assert json.loads(capsys.readouterr().out)["recommendation"] == layout

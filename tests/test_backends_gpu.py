@@ -392,16 +392,21 @@ def test_nan_past_the_context(backend, page):
     _assert_close(fn(q, kb, vb, *cache), ref, geom.dtype)
 
 
+def _main_paged_case(seed: int, lens: list[int]):
+    """The main preset's block inputs and a random page-64 cache of `lens` (geometry, (q, k_blk,
+    v_blk), cache)."""
+    geom = PRESETS["qwen3-8b-dflash-b16"]
+    gen = torch.Generator().manual_seed(seed)
+    block = _block_inputs(geom, len(lens), gen)
+    return geom, block, random_paged_context(geom, lens, 64, "cuda", gen)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_new_cache_addresses_between_calls(backend):
     """A plan's second call on other cache tensors of the same shapes reads those (the TMA
     path's tensor maps hold the cache addresses: they are encoded again)."""
     impl = _fresh(backend)
-    geom = PRESETS["qwen3-8b-dflash-b16"]
-    gen = torch.Generator().manual_seed(5)
-    lens = [300, 1500]
-    q, kb, vb = _block_inputs(geom, len(lens), gen)
-    first = random_paged_context(geom, lens, 64, "cuda", gen)
+    geom, (q, kb, vb), first = _main_paged_case(5, [300, 1500])
     second = [t.clone() for t in first]
     second[0].normal_(generator=torch.Generator("cuda").manual_seed(1))
     second[1].normal_(generator=torch.Generator("cuda").manual_seed(2))
@@ -426,11 +431,7 @@ def test_a_misaligned_tensor_is_refused_on_every_call_and_the_gpu_stays_usable(b
     ValueError before any launch, on the C runner's path and in a capture, and the next call is
     still right (a misaligned copy would have faulted the context)."""
     impl = _fresh(backend)
-    geom = PRESETS["qwen3-8b-dflash-b16"]
-    gen = torch.Generator().manual_seed(6)
-    lens = [700, 90]
-    q, kb, vb = _block_inputs(geom, len(lens), gen)
-    cache = random_paged_context(geom, lens, 64, "cuda", gen)
+    geom, (q, kb, vb), cache = _main_paged_case(6, [700, 90])
     ref = reference.paged_attention(q, kb, vb, *cache)
     for _ in range(2):  # the first plans and builds the stream's graph; the second is the runner's
         _assert_close(impl.paged_attention(q, kb, vb, *cache), ref, geom.dtype)

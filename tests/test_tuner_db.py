@@ -326,13 +326,12 @@ def test_a_version_2_file_without_the_node_lost_status_is_repaired(tmp_path):
         assert db._takes_every_status()
 
 
-def test_reading_commands_read_your_database_where_it_has_rows_else_the_shipped_one(tmp_path, monkeypatch):
-    """`tuner show`, `tuner export` and `bench report` without --db: this user's database (where
-    sweeps write) when it holds ok rows of the SM asked, else the profile shipped for the SM; on
-    a fresh clone (no database of one's own) the shipped one, which `bench report --sm 90` did
-    not read before."""
+@pytest.fixture
+def own_and_shipped(tmp_path, monkeypatch):
+    """(your database's path, the shipped profiles' folder holding sm90.db), with no GPU and no
+    $DRAFTER_DB: what a reading command chooses between."""
     from drafter_attn.kernels import shipped
-    from profile_fakes import B200, H200, build_db
+    from profile_fakes import H200, build_db
 
     own_dir, ship = tmp_path / "profiles", tmp_path / "pkg"
     own_dir.mkdir(), ship.mkdir()
@@ -340,8 +339,18 @@ def test_reading_commands_read_your_database_where_it_has_rows_else_the_shipped_
     monkeypatch.setattr(dbmod, "_repo_profiles_dir", lambda: own_dir)
     monkeypatch.setattr(shipped, "shipped_dir", lambda: ship)
     monkeypatch.setattr(shipped, "gpu_sm", lambda: None)
-    own = own_dir / "profile.db"
     build_db(ship / "sm90.db", {"h": (H200, [dict(median_us=10.0)])})
+    return own_dir / "profile.db", ship
+
+
+def test_reading_commands_read_your_database_where_it_has_rows_else_the_shipped_one(own_and_shipped, tmp_path, monkeypatch):
+    """`tuner show`, `tuner export` and `bench report` without --db: this user's database (where
+    sweeps write) when it holds ok rows of the SM asked, else the profile shipped for the SM; on
+    a fresh clone (no database of one's own) the shipped one, which `bench report --sm 90` did
+    not read before."""
+    from profile_fakes import B200, build_db
+
+    own, ship = own_and_shipped
     assert dbmod.reading_path(90) == ship / "sm90.db"
     assert dbmod.reading_path() == ship / "sm90.db"  # no SM asked, no GPU: the only one shipped
     assert dbmod.reading_path(100) == own  # nothing for sm100 anywhere: the default, named
@@ -354,24 +363,13 @@ def test_reading_commands_read_your_database_where_it_has_rows_else_the_shipped_
     assert dbmod.reading_path(90) == tmp_path / "elsewhere.db"
 
 
-def test_show_compile_reads_your_compile_profiles_and_rekey_never_the_shipped_database(tmp_path, monkeypatch):
+def test_show_compile_reads_your_compile_profiles_and_rekey_never_the_shipped_database(own_and_shipped, monkeypatch):
     """`tuner show --compile` reads your database where it holds compile profiles of the SM (it
     holds no result rows after a `tuner compile`); `tuner rekey` without --db rewrites your own
     database, never the shipped one (on a machine without a GPU it took the only one shipped)."""
-    import sqlite3
-
-    from drafter_attn.kernels import shipped
     from drafter_attn.tuner import cli, rekey
-    from profile_fakes import H200, build_db
 
-    own_dir, ship = tmp_path / "profiles", tmp_path / "pkg"
-    own_dir.mkdir(), ship.mkdir()
-    monkeypatch.delenv("DRAFTER_DB", raising=False)
-    monkeypatch.setattr(dbmod, "_repo_profiles_dir", lambda: own_dir)
-    monkeypatch.setattr(shipped, "shipped_dir", lambda: ship)
-    monkeypatch.setattr(shipped, "gpu_sm", lambda: None)
-    build_db(ship / "sm90.db", {"h": (H200, [dict(median_us=10.0)])})
-    own = own_dir / "profile.db"
+    own, ship = own_and_shipped
     with ProfileDB(own):
         pass
     with sqlite3.connect(own) as c:

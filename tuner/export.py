@@ -164,9 +164,7 @@ describe_key = dispatcher.describe_key
 
 def _gpu(e: tuned_table.Entry, table: dict) -> str | None:
     """The GPU an entry was measured on, or the class of the table's `gpu_classes` holding it."""
-    gpu = (e.get("provenance") or {}).get("gpu")
-    return next((name for name, members in (table.get("gpu_classes") or {}).items()
-                 if gpu == name or gpu in members), gpu)
+    return tuned_table.gpu_group((e.get("provenance") or {}).get("gpu"), table.get("gpu_classes"))
 
 
 def _winner(e: tuned_table.Entry) -> str:

@@ -59,11 +59,9 @@ def _one_gpu(entries: list, gpu: str | None) -> list:
     GPUs (export decides each GPU's keys on its rows), the entry of GPU `gpu` (its name, else a
     unique part of one), else of this machine's GPU; ValueError when neither tells. A paged entry
     of one GPU never decides against another's arena entry."""
-    from drafter_attn.kernels.auto import problem_of
-
     by_problem: dict[tuple, list] = {}
     for e in entries:
-        by_problem.setdefault(problem_of(e), []).append(e)
+        by_problem.setdefault(e.key, []).append(e)
     shared = [v for v in by_problem.values() if len(v) > 1]
     if not shared:
         return entries
